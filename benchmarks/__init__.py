@@ -1,0 +1,1 @@
+"""Benchmarks comparing the neuron device with native PyTorch CPU in one process."""

@@ -1,0 +1,107 @@
+"""Operator latency: small ops on 16-element tensors and two large ops, neuron versus CPU."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    _root = str(Path(__file__).resolve().parent.parent)
+    if _root not in sys.path:
+        sys.path.append(_root)
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import Case, Fn, Suite, main as run_main
+
+SMALL_TARGET = 1.5
+LARGE_TARGET = 1.05
+SMALL_NUMEL = 16
+
+
+def _small(op):
+    """Return a setup that times op on two seeded 16-element float32 tensors.
+
+    Args:
+        op: function of (x, y) to time.
+    """
+    def setup(device: torch.device) -> Fn:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(SMALL_NUMEL, generator=gen).to(device)
+        y = torch.randn(SMALL_NUMEL, generator=gen).to(device)
+        return lambda: op(x, y)
+    return setup
+
+
+def _matmul(n: int):
+    """Return a setup that times an n x n float32 matrix product.
+
+    Args:
+        n: matrix size.
+    """
+    def setup(device: torch.device) -> Fn:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=gen).to(device)
+        b = torch.randn(n, n, generator=gen).to(device)
+        return lambda: a @ b
+    return setup
+
+
+def _conv2d(batch: int, channels: int, size: int, kernel: int):
+    """Return a setup that times a same-padded float32 2-d convolution with bias.
+
+    Args:
+        batch: batch size.
+        channels: input and output channels.
+        size: height and width of the input.
+        kernel: kernel height and width.
+    """
+    def setup(device: torch.device) -> Fn:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, channels, size, size, generator=gen).to(device)
+        w = (torch.randn(channels, channels, kernel, kernel, generator=gen) * 0.05).to(device)
+        b = torch.randn(channels, generator=gen).to(device)
+        return lambda: F.conv2d(x, w, b, padding=kernel // 2)
+    return setup
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    """Return the operator cases.
+
+    Args:
+        args: parsed options (unused).
+    """
+    return [
+        Case("add x + y", _small(lambda x, y: x + y), SMALL_TARGET),
+        Case("mul x * y", _small(lambda x, y: x * y), SMALL_TARGET),
+        Case("view x.view(4, 4)", _small(lambda x, y: x.view(4, 4)), SMALL_TARGET),
+        Case("index x[3]", _small(lambda x, y: x[3]), SMALL_TARGET),
+        Case("slice x[2:5]", _small(lambda x, y: x[2:5]), SMALL_TARGET),
+        Case("sum x.sum()", _small(lambda x, y: x.sum()), SMALL_TARGET),
+        Case("matmul 1024x1024", _matmul(1024), LARGE_TARGET),
+        Case("conv2d 8x64x56x56 k3 p1", _conv2d(8, 64, 56, 3), LARGE_TARGET),
+    ]
+
+
+SUITE = Suite(
+    name="ops",
+    description="operator latency: small ops on 16-element float32 tensors, large matmul and conv2d",
+    build_cases=build_cases,
+    default_threads=1,
+    default_rounds=30,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the operator suite and return the exit status.
+
+    Args:
+        argv: arguments without the program name; None reads sys.argv.
+    """
+    return run_main([SUITE], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+// The zero-copy path: neuron memory seen as CPU tensors, and CPU kernel
+// outputs handed over to a device without copying.
+#include "neuron.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/COW.h>
+#include <ATen/core/TensorBase.h>
+#include <ATen/Utils.h>
+
+namespace torchneuron {
+namespace {
+
+at::Tensor makeTensor(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) out._set_conj(true);
+  if (like.is_neg()) out._set_neg(true);
+  return out;
+}
+
+// Moves the buffer of a CPU storage into device memory of `device`. The
+// storage is left empty; its bytes now belong to the returned DataPtr.
+c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
+  const size_t nbytes = storage->nbytes();
+  const auto& current = storage->data_ptr();
+  const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
+  if (!owned) {  // not ours to take: copy instead
+    c10::DataPtr fresh = allocateOn(device, nbytes);
+    if (nbytes > 0) rt::memcpy(fresh.get(), current.get(), nbytes, rt::CopyKind::HostToDevice);
+    return fresh;
+  }
+  c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+  return adoptHostBuffer(std::move(host), nbytes, device);
+}
+
+}  // namespace
+
+at::Tensor cpuAlias(const at::Tensor& neuron) {
+  const auto& storage = neuron.storage();
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+      c10::GetCPUAllocator(), /*resizable=*/true);
+  return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+}
+
+at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like) {
+  return makeTensor(std::move(storage), c10::DispatchKey::PrivateUse1, like);
+}
+
+c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
+  const size_t nbytes = cpu_storage->nbytes();
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, takeBuffer(cpu_storage, device),
+      deviceAllocator(), /*resizable=*/true));
+}
+
+at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device) {
+  TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided,
+      "tensors of layout ", cpu.layout(), " are not supported on neuron; only dense (torch.strided) "
+      "tensors are. Convert with .to_dense() first.");
+  auto* storage = cpu.storage().unsafeGetStorageImpl();
+  return wrapStorage(adoptStorage(storage, device), cpu);
+}
+
+void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias) {
+  auto* nstorage = neuron.storage().unsafeGetStorageImpl();
+  auto* astorage = alias.storage().unsafeGetStorageImpl();
+  if (astorage->data() != nstorage->data() || astorage->nbytes() != nstorage->nbytes()) {
+    // The kernel resized the buffer (an out= argument, resize_ and the like).
+    const size_t nbytes = astorage->nbytes();
+    nstorage->set_data_ptr_noswap(takeBuffer(astorage, neuron.device().index()));
+    nstorage->set_nbytes(nbytes);
+  }
+  auto* n = neuron.unsafeGetTensorImpl();
+  auto* a = alias.unsafeGetTensorImpl();
+  if (n->sizes() != a->sizes() || n->strides() != a->strides() ||
+      n->storage_offset() != a->storage_offset()) {
+    n->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
+  }
+}
+
+}  // namespace torchneuron

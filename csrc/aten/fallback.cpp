@@ -1,0 +1,213 @@
+// The boxed fallback that runs every ATen op without a kernel of its own.
+//
+// Neuron tensors among the arguments are replaced by CPU aliases of their
+// memory, a neuron device argument by the CPU, a neuron generator (or none)
+// by the device generator's own stream; PyTorch's CPU kernel runs; what it did
+// to mutable arguments is reflected back, and its outputs become neuron
+// tensors on the op's device without a copy.
+#include "neuron.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <string_view>
+
+namespace torchneuron {
+namespace {
+
+struct Alias {
+  at::Tensor neuron;
+  at::Tensor cpu;
+  bool written;
+};
+
+bool isGeneratorArg(const c10::Argument& arg) {
+  const c10::Type* t = arg.type().get();
+  if (t->kind() == c10::TypeKind::OptionalType)
+    t = static_cast<const c10::OptionalType*>(t)->getElementType().get();
+  return t->kind() == c10::TypeKind::GeneratorType;
+}
+
+// Ops whose CUDA kernels accept CPU index tensors; the same holds here.
+bool acceptsCpuTensors(const c10::OperatorHandle& op) {
+  const auto& name = op.schema().name();
+  return name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
+         name == "aten::_index_put_impl_" || name == "aten::_index_put_impl";
+}
+
+class Call {
+ public:
+  explicit Call(const c10::OperatorHandle& op) : op_(op) {}
+
+  at::Tensor toCpu(const at::Tensor& t, const c10::Argument& arg, bool written) {
+    if (!t.defined()) return t;
+    const auto device = t.device();
+    if (device.type() == kNeuron) {
+      noteDevice(device, arg.name());
+      aliases_.push_back(Alias{t, cpuAlias(t), written});
+      return aliases_.back().cpu;
+    }
+    if (device.is_cpu() && t.dim() > 0 && cpu_arg_.empty()) cpu_arg_ = arg.name();
+    return t;
+  }
+
+  void noteDevice(c10::Device device, const std::string& arg) {
+    const auto index = device.has_index() ? device.index() : currentDevice();
+    if (device_ < 0) {
+      device_ = index;
+      device_arg_ = arg;
+    } else if (index != device_) {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+          "devices, neuron:", int(device_), " and neuron:", int(index), "! (when checking argument '",
+          arg, "' of ", op_.schema().operator_name(), ")");
+    }
+  }
+
+  void convertArguments(torch::jit::Stack* stack) {
+    const auto& args = op_.schema().arguments();
+    const size_t first = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) {
+      auto& iv = (*stack)[first + i];
+      const auto& arg = args[i];
+      const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+      if (iv.isTensor()) {
+        iv = toCpu(iv.toTensor(), arg, written);
+      } else if (iv.isTensorList()) {
+        auto list = iv.toTensorList();
+        c10::List<at::Tensor> out;
+        out.reserve(list.size());
+        for (const at::Tensor& t : list) out.push_back(toCpu(t, arg, written));
+        iv = std::move(out);
+      } else if (iv.isList() && iv.toListRef().size() > 0 && iv.toListRef()[0].isTensor() ||
+                 iv.isList() && arg.type()->containedTypes().size() == 1 &&
+                     arg.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
+        auto list = iv.toList();
+        c10::impl::GenericList out(list.elementType());
+        out.reserve(list.size());
+        for (const c10::IValue& e : list)
+          out.push_back(e.isTensor() ? c10::IValue(toCpu(e.toTensor(), arg, written)) : e);
+        iv = std::move(out);
+      } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
+        const auto device = iv.toDevice();
+        if (device.has_index()) checkDevice(device.index());
+        noteDevice(device, arg.name());
+        iv = c10::Device(c10::kCPU);
+      }
+    }
+    if (device_ < 0) device_ = currentDevice();
+    if (!cpu_arg_.empty() && !aliases_.empty() && !acceptsCpuTensors(op_)) {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+          "devices, neuron:", int(device_), " and cpu! (when checking argument '", cpu_arg_, "' of ",
+          op_.schema().operator_name(), ")");
+    }
+    // Random ops draw from the device's generator, never the CPU's.
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!isGeneratorArg(args[i])) continue;
+      auto& iv = (*stack)[first + i];
+      if (iv.isNone()) {
+        iv = cpuGeneratorOf(defaultGenerator(device_));
+      } else {
+        const auto gen = iv.toGenerator();
+        TORCH_CHECK(gen.device().type() == kNeuron,
+            "Expected a 'neuron' device type for generator but found '", gen.device().type(), "'");
+        iv = cpuGeneratorOf(gen);
+      }
+    }
+  }
+
+  void reflectWrites() {
+    for (const auto& a : aliases_)
+      if (a.written) syncFromAlias(a.neuron, a.cpu);
+  }
+
+  at::Tensor toNeuron(at::Tensor out) {
+    if (!out.defined() || !out.device().is_cpu()) return out;
+    auto* impl = out.unsafeGetTensorImpl();
+    for (const auto& a : aliases_)  // an in-place op returns its argument
+      if (a.cpu.unsafeGetTensorImpl() == impl) return a.neuron;
+    TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
+        op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
+        ", which neuron does not support; only dense (torch.strided) tensors are.");
+    auto* storage = out.storage().unsafeGetStorageImpl();
+    for (const auto& a : aliases_)  // a view of an argument
+      if (a.cpu.storage().unsafeGetStorageImpl() == storage) return wrapStorage(a.neuron.storage(), out);
+    for (const auto& [cpu_storage, neuron_storage] : adopted_)  // outputs sharing one buffer
+      if (cpu_storage == storage) return wrapStorage(neuron_storage, out);
+    if (out.use_count() > 1 || out.storage().use_count() > 1 + shared_outputs_) {
+      // Someone else holds this buffer: copy it, leave theirs alone.
+      c10::DataPtr fresh = allocateOn(device_, storage->nbytes());
+      if (storage->nbytes() > 0)
+        rt::memcpy(fresh.get(), storage->data(), storage->nbytes(), rt::CopyKind::HostToDevice);
+      c10::Storage copied(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+          storage->nbytes(), std::move(fresh), deviceAllocator(), true));
+      return wrapStorage(std::move(copied), out);
+    }
+    c10::Storage adopted = adoptStorage(storage, device_);
+    adopted_.emplace_back(storage, adopted);
+    return wrapStorage(std::move(adopted), out);
+  }
+
+  void convertReturns(torch::jit::Stack* stack) {
+    const size_t n = op_.schema().returns().size();
+    const size_t first = stack->size() - n;
+    if (n > 1) countSharedOutputs(stack, first);
+    for (size_t i = first; i < stack->size(); ++i) {
+      auto& iv = (*stack)[i];
+      if (iv.isTensor()) {
+        iv = toNeuron(std::move(iv).toTensor());
+      } else if (iv.isTensorList()) {
+        auto list = iv.toTensorList();
+        iv = c10::IValue();
+        c10::List<at::Tensor> out;
+        out.reserve(list.size());
+        for (size_t j = 0; j < list.size(); ++j) {
+          at::Tensor t = list.extract(j);
+          out.push_back(toNeuron(std::move(t)));
+        }
+        iv = std::move(out);
+      }
+    }
+  }
+
+ private:
+  // Several returned tensors may share one new buffer (each holds a reference).
+  void countSharedOutputs(torch::jit::Stack* stack, size_t first) {
+    c10::SmallVector<const c10::StorageImpl*, 4> seen;
+    for (size_t i = first; i < stack->size(); ++i) {
+      const auto& iv = (*stack)[i];
+      if (!iv.isTensor()) continue;
+      const auto& t = iv.toTensor();
+      if (!t.defined() || !t.has_storage()) continue;
+      const auto* s = t.storage().unsafeGetStorageImpl();
+      for (const auto* o : seen)
+        if (o == s) ++shared_outputs_;
+      seen.push_back(s);
+    }
+  }
+
+  const c10::OperatorHandle& op_;
+  c10::SmallVector<Alias, 4> aliases_;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
+  c10::DeviceIndex device_ = -1;
+  std::string device_arg_;
+  std::string cpu_arg_;
+  size_t shared_outputs_ = 0;
+};
+
+void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  Call call(op);
+  call.convertArguments(stack);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  call.reflectWrites();
+  call.convertReturns(stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+}
+
+}  // namespace torchneuron

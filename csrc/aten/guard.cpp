@@ -1,0 +1,156 @@
+// The current device and stream of each thread, and PyTorch's device guard.
+#include "neuron.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+
+namespace torchneuron {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int kStreamsPerPool = 32;
+
+thread_local c10::DeviceIndex tls_device = 0;
+thread_local std::array<c10::StreamId, kMaxDevices> tls_streams{};  // 0: default stream
+
+std::array<std::atomic<uint32_t>, kMaxDevices> pool_counters{};
+std::atomic<c10::StreamId> next_stream_id{kStreamsPerPool + 1};
+
+}  // namespace
+
+c10::DeviceIndex deviceCount() { return static_cast<c10::DeviceIndex>(rt::deviceCount()); }
+
+void checkDevice(c10::DeviceIndex index) {
+  const auto count = deviceCount();
+  TORCH_CHECK(index >= 0 && index < count,
+      "Invalid device neuron:", int(index), ": there ", count == 1 ? "is " : "are ", int(count),
+      " neuron device", count == 1 ? "" : "s",
+      count > 0 ? " (valid indices are 0 to " + std::to_string(count - 1) + ")" : std::string(),
+      ". Set TORCHNEURON_NUM_DEVICES to emulate more.");
+}
+
+c10::DeviceIndex currentDevice() { return tls_device; }
+
+void setDevice(c10::DeviceIndex index) {
+  checkDevice(index);
+  tls_device = index;
+}
+
+c10::Stream currentStream(c10::DeviceIndex index) {
+  if (index < 0) index = tls_device;
+  checkDevice(index);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), tls_streams[index]);
+}
+
+namespace {
+
+struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType static_type = kNeuron;
+
+  c10::DeviceType type() const override { return kNeuron; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const auto old = getDevice();
+    if (d.index() != old.index()) torchneuron::setDevice(d.index());
+    return old;
+  }
+
+  c10::Device getDevice() const override { return c10::Device(kNeuron, tls_device); }
+
+  void setDevice(c10::Device d) const override {
+    TORCH_INTERNAL_ASSERT(d.type() == kNeuron);
+    torchneuron::setDevice(d.index());
+  }
+
+  void uncheckedSetDevice(c10::Device d) const noexcept override { tls_device = d.index(); }
+
+  c10::Stream getStream(c10::Device d) const override { return currentStream(d.index()); }
+
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    checkDevice(d.index());
+    return c10::Stream(c10::Stream::UNSAFE, d, 0);
+  }
+
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
+    checkDevice(d.index());
+    const auto id = 1 + pool_counters[d.index()]++ % kStreamsPerPool;
+    return c10::Stream(c10::Stream::UNSAFE, d, static_cast<c10::StreamId>(id));
+  }
+
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    checkDevice(d.index());
+    return c10::Stream(c10::Stream::UNSAFE, d, next_stream_id++);
+  }
+
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    const auto index = s.device_index();
+    checkDevice(index);
+    const auto old = currentStream(index);
+    tls_streams[index] = s.id();
+    return old;
+  }
+
+  c10::DeviceIndex deviceCount() const noexcept override { return torchneuron::deviceCount(); }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
+        "Event device index ", int(device_index), " does not match recording stream's device index ",
+        int(stream.device_index()), ".");
+    auto*& ev = *reinterpret_cast<rt::Event*>(event);
+    if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
+    rt::eventRecord(ev, stream.device_index(), stream.id());
+  }
+
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;
+    rt::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event));
+  }
+
+  bool queryEvent(void* event) const override {
+    return event == nullptr || rt::eventQuery(static_cast<rt::Event>(event)) == rt::Status::Success;
+  }
+
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    rt::eventDestroy(static_cast<rt::Event>(event));
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    return rt::streamQuery(stream.device_index(), stream.id()) == rt::Status::Success;
+  }
+
+  void synchronizeStream(const c10::Stream& stream) const override {
+    rt::streamSynchronize(stream.device_index(), stream.id());
+  }
+
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) rt::eventSynchronize(static_cast<rt::Event>(event));
+  }
+
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    checkDevice(device_index);
+    rt::deviceSynchronize(device_index);
+  }
+
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+        "Both events must be recorded before calculating elapsed time.");
+    auto* s = static_cast<rt::Event>(start);
+    auto* e = static_cast<rt::Event>(end);
+    float ms = 0;
+    TORCH_CHECK(rt::eventElapsedTime(&ms, s, e) == rt::Status::Success,
+        "Both events must be created with argument 'enable_timing=True' and recorded "
+        "before calculating elapsed time.");
+    return ms;
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);
+
+}  // namespace
+}  // namespace torchneuron

@@ -1,0 +1,66 @@
+// PrivateUse1 hooks: how PyTorch's generic code asks about neuron devices.
+#include "neuron.h"
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Storage.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace torchneuron {
+namespace {
+
+struct NeuronHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return rt::deviceCount() > 0; }
+  void init() const override {}
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+
+  c10::DeviceIndex deviceCount() const override { return torchneuron::deviceCount(); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { setDevice(d); }
+  c10::DeviceIndex getCurrentDevice() const override { return currentDevice(); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    const auto old = currentDevice();
+    if (d != old) setDevice(d);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
+
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return defaultGenerator(index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return newGenerator(index);
+  }
+
+  at::Device getDeviceFromPtr(void* data) const override {
+    int device = 0;
+    TORCH_CHECK(rt::pointerGetDevice(data, &device) == rt::Status::Success,
+                "the pointer does not point to neuron device memory");
+    return c10::Device(kNeuron, static_cast<c10::DeviceIndex>(device));
+  }
+
+  bool isPinnedPtr(const void* data) const override { return rt::isHostPinned(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return hostAllocator(); }
+
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    const auto device = storage.device().index();
+    c10::DataPtr fresh = allocateOn(device, newsize);
+    const size_t keep = std::min(newsize, storage.nbytes());
+    if (keep > 0) rt::memcpy(fresh.get(), storage.data(), keep, rt::CopyKind::DeviceToDevice);
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
+};
+
+struct Registration {
+  Registration() { at::RegisterPrivateUse1HooksInterface(new NeuronHooks()); }
+} registration;
+
+}  // namespace
+}  // namespace torchneuron

@@ -1,0 +1,167 @@
+// The basic kernels PyTorch needs from a device: allocation, views,
+// resizing, storage swaps, copies and reading a scalar back.
+#include "neuron.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/copy.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace torchneuron {
+
+TransferStats& transferStats() {
+  static TransferStats stats;
+  return stats;
+}
+
+namespace {
+
+void checkLayout(std::optional<c10::Layout> layout) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!layout || *layout == c10::kStrided,
+      "tensors of layout ", *layout, " are not supported on neuron; only dense (torch.strided) "
+      "tensors are. Create the tensor on the CPU, or use a dense layout.");
+}
+
+c10::DeviceIndex targetDevice(std::optional<c10::Device> device) {
+  const auto index = device && device->has_index() ? device->index() : currentDevice();
+  checkDevice(index);
+  return index;
+}
+
+at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                 std::optional<bool> /*pin_memory*/, std::optional<c10::MemoryFormat> memory_format) {
+  checkLayout(layout);
+  c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
+  return at::detail::empty_generic(size, deviceAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                        std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                        std::optional<bool> /*pin_memory*/) {
+  checkLayout(layout);
+  c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
+  return at::detail::empty_strided_generic(size, stride, deviceAllocator(),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
+}
+
+// Grows a storage so that `nbytes` fit, keeping its contents.
+void ensureStorageBytes(const at::Tensor& self, size_t nbytes) {
+  const auto& storage = self.storage();
+  if (nbytes > storage.nbytes())
+    at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(storage, nbytes);
+}
+
+size_t requiredBytes(const at::Tensor& self) {
+  if (self.numel() == 0) return 0;
+  int64_t last = self.storage_offset();
+  for (int64_t d = 0; d < self.dim(); ++d) last += (self.size(d) - 1) * self.stride(d);
+  return static_cast<size_t>(last + 1) * self.itemsize();
+}
+
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
+                         std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->sizes() == size && !memory_format) return self;
+  impl->set_sizes_contiguous(size);
+  ensureStorageBytes(self, requiredBytes(self));
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
+  return self;
+}
+
+at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                       c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == kNeuron,
+      "Expected a neuron storage for a neuron tensor, but got a storage on ", source.device());
+  auto* impl = self.unsafeGetTensorImpl();
+  if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(offset);
+  if (stride.empty()) impl->set_sizes_contiguous(size);
+  else impl->set_sizes_and_strides(size, stride);
+  ensureStorageBytes(self, requiredBytes(self));
+  return self;
+}
+
+at::Tensor& setSourceStorageOffset(at::Tensor& self, c10::Storage source, int64_t offset,
+                                   c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return setStorage(self, std::move(source), offset, size, stride);
+}
+
+at::Tensor& setSourceStorage(at::Tensor& self, c10::Storage source) {
+  const int64_t n = static_cast<int64_t>(source.nbytes() / self.itemsize());
+  return setStorage(self, std::move(source), 0, {n}, {});
+}
+
+at::Tensor& setSourceTensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return setStorage(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& setEmpty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, allocateOn(self.device().index(), 0),
+                       deviceAllocator(), /*resizable=*/true);
+  return setStorage(self, std::move(storage), 0, {0}, {});
+}
+
+at::Tensor asCpu(const at::Tensor& t) { return t.device().type() == kNeuron ? cpuAlias(t) : t; }
+
+at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  const bool from_device = self.device().type() == kNeuron;
+  const bool to_device = dst.device().type() == kNeuron;
+  TORCH_CHECK((from_device || self.device().is_cpu()) && (to_device || dst.device().is_cpu()),
+      "neuron can copy to and from the CPU only, not from ", self.device(), " to ", dst.device());
+  auto& stats = transferStats();
+  const int64_t bytes = static_cast<int64_t>(self.numel()) * self.itemsize();
+  if (from_device && to_device) {
+    stats.device_to_device_bytes += bytes;
+  } else if (to_device) {
+    stats.host_to_device_bytes += bytes;
+    stats.host_to_device_copies++;
+  } else {
+    stats.device_to_host_bytes += bytes;
+    stats.device_to_host_copies++;
+  }
+  // Copies complete before returning, so non_blocking changes nothing here.
+  asCpu(dst).copy_(asCpu(self));
+  return dst;
+}
+
+at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
+  resize(dst, self.sizes(), std::nullopt);
+  return copyFrom(self, dst, false);
+}
+
+c10::Scalar localScalarDense(const at::Tensor& self) {
+  transferStats().scalar_reads++;
+  return at::_local_scalar_dense(cpuAlias(self));
+}
+
+void recordStream(at::Tensor&, c10::Stream) {}  // blocks are never reused while in use
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty));
+  m.impl("empty_strided", TORCH_FN(emptyStrided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize));
+  m.impl("set_.source_Storage", TORCH_FN(setSourceStorage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(setSourceStorageOffset));
+  m.impl("set_.source_Tensor", TORCH_FN(setSourceTensor));
+  m.impl("set_", TORCH_FN(setEmpty));
+  m.impl("_copy_from", TORCH_FN(copyFrom));
+  m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
+  m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
+  m.impl("record_stream", TORCH_FN(recordStream));
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,70 @@
+// Shared declarations of the PyTorch integration of the NeuronCore runtime.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include "../runtime/neuron_runtime.h"
+
+#include <atomic>
+#include <cstdint>
+
+namespace torchneuron {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+// ---- devices (guard.cpp) ---------------------------------------------------
+c10::DeviceIndex deviceCount();
+c10::DeviceIndex currentDevice();
+void setDevice(c10::DeviceIndex index);      // raises on a bad index
+// Raises a RuntimeError naming the device when index is out of range.
+void checkDevice(c10::DeviceIndex index);
+c10::Stream currentStream(c10::DeviceIndex index);
+
+// ---- memory (allocator.cpp) ----------------------------------------------
+class NeuronAllocator;
+c10::DeviceAllocator* deviceAllocator();
+// Hands a host buffer that a CPU kernel produced over to a device, without a
+// copy: the bytes are charged to the device (raising OutOfMemoryError when it
+// is full) and released when the returned DataPtr dies.
+c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device);
+// Allocates device memory on a given device (not the current one).
+c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes);
+c10::Allocator* hostAllocator();
+
+// ---- random (generator.cpp) ----------------------------------------------
+const at::Generator& defaultGenerator(c10::DeviceIndex index);
+at::Generator newGenerator(c10::DeviceIndex index);
+// The CPU generator whose stream a neuron generator draws from.
+at::Generator cpuGeneratorOf(const at::Generator& neuron_generator);
+
+// ---- the zero-copy path (alias.cpp) --------------------------------------
+// A CPU tensor viewing the memory of a neuron tensor: same sizes, strides,
+// offset, dtype, conj/neg bits. The neuron tensor must outlive it.
+at::Tensor cpuAlias(const at::Tensor& neuron);
+// A neuron tensor for a CPU kernel's output, taking over its buffer (or
+// copying it when the buffer is not the kernel's to give).
+at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device);
+// The same, one step at a time: a device storage made from a CPU storage's
+// buffer, and a neuron tensor over a storage with the metadata of `like`.
+c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
+at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like);
+// Makes `neuron` reflect what a kernel did to its alias: new sizes, strides,
+// offset, or a new buffer after a resize.
+void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias);
+
+// ---- transfer accounting (kernels.cpp) -----------------------------------
+struct TransferStats {
+  std::atomic<int64_t> host_to_device_bytes{0};
+  std::atomic<int64_t> device_to_host_bytes{0};
+  std::atomic<int64_t> device_to_device_bytes{0};
+  std::atomic<int64_t> host_to_device_copies{0};
+  std::atomic<int64_t> device_to_host_copies{0};
+  std::atomic<int64_t> scalar_reads{0};  // .item(), printing, data-dependent control flow
+};
+TransferStats& transferStats();
+
+}  // namespace torchneuron

@@ -1,0 +1,128 @@
+// Ops that PyTorch routes differently for an accelerator than for the CPU, so
+// that no CPU kernel exists to fall back to: convolution's "overrideable"
+// entry points and the fused RNN cells. Each runs PyTorch's CPU math on
+// aliases of device memory.
+#include "neuron.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace torchneuron {
+namespace {
+
+c10::DeviceIndex deviceOf(const at::Tensor& t) { return t.device().index(); }
+
+at::Tensor onCpu(const at::Tensor& t) { return t.defined() ? cpuAlias(t) : t; }
+
+at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
+  return cpu.defined() ? adoptOutput(cpu, device) : cpu;
+}
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                       c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                       c10::IntArrayRef output_padding, int64_t groups) {
+  std::optional<at::Tensor> cpu_bias;
+  if (bias && bias->defined()) cpu_bias = onCpu(*bias);
+  auto out = at::convolution(onCpu(input), onCpu(weight), cpu_bias, stride, padding, dilation,
+                             transposed, output_padding, groups);
+  return adopt(out, deviceOf(input));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  auto [gi, gw, gb] = at::convolution_backward(
+      onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
+      padding, dilation, transposed, output_padding, groups, output_mask);
+  const auto d = deviceOf(input);
+  return {adopt(gi, d), adopt(gw, d), adopt(gb, d)};
+}
+
+// LSTM cell: gates = input_gates + hidden_gates (+ biases), in the order i, f, g, o.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedLstmCell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
+    const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
+  at::Tensor gates = onCpu(input_gates) + onCpu(hidden_gates);
+  if (input_bias && input_bias->defined()) gates = gates + onCpu(*input_bias);
+  if (hidden_bias && hidden_bias->defined()) gates = gates + onCpu(*hidden_bias);
+  auto chunks = gates.chunk(4, 1);
+  auto i = chunks[0].sigmoid(), f = chunks[1].sigmoid(), g = chunks[2].tanh(), o = chunks[3].sigmoid();
+  auto cy = f * onCpu(cx) + i * g;
+  auto hy = o * cy.tanh();
+  auto workspace = at::cat({i, f, g, o}, 1);
+  const auto d = deviceOf(cx);
+  return {adopt(hy, d), adopt(cy, d), adopt(workspace, d)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedLstmCellBackward(
+    const std::optional<at::Tensor>& grad_hy_opt, const std::optional<at::Tensor>& grad_cy_opt,
+    const at::Tensor& cx, const at::Tensor& cy, const at::Tensor& workspace, bool has_bias) {
+  auto ws = onCpu(workspace).chunk(4, 1);
+  auto i = ws[0], f = ws[1], g = ws[2], o = ws[3];
+  auto c_cx = onCpu(cx), c_cy = onCpu(cy);
+  auto tanh_cy = c_cy.tanh();
+  at::Tensor grad_hy = grad_hy_opt && grad_hy_opt->defined() ? onCpu(*grad_hy_opt) : at::zeros_like(c_cy);
+  at::Tensor gcy = grad_hy * o * (1 - tanh_cy * tanh_cy);
+  if (grad_cy_opt && grad_cy_opt->defined()) gcy = gcy + onCpu(*grad_cy_opt);
+  auto gi = gcy * g * i * (1 - i);
+  auto gf = gcy * c_cx * f * (1 - f);
+  auto gg = gcy * i * (1 - g * g);
+  auto go = grad_hy * tanh_cy * o * (1 - o);
+  auto grad_gates = at::cat({gi, gf, gg, go}, 1);
+  auto grad_cx = gcy * f;
+  at::Tensor grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();
+  const auto d = deviceOf(cx);
+  return {adopt(grad_gates, d), adopt(grad_cx, d), adopt(grad_bias, d)};
+}
+
+// GRU cell, gates in the order r, z, n; the workspace keeps r, z, n, hidden n, hx.
+std::tuple<at::Tensor, at::Tensor> fusedGruCell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& hx,
+    const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
+  at::Tensor ig = onCpu(input_gates), hg = onCpu(hidden_gates);
+  if (input_bias && input_bias->defined()) ig = ig + onCpu(*input_bias);
+  if (hidden_bias && hidden_bias->defined()) hg = hg + onCpu(*hidden_bias);
+  auto ic = ig.chunk(3, 1), hc = hg.chunk(3, 1);
+  auto r = (ic[0] + hc[0]).sigmoid();
+  auto z = (ic[1] + hc[1]).sigmoid();
+  auto n = (ic[2] + r * hc[2]).tanh();
+  auto c_hx = onCpu(hx);
+  auto hy = n + z * (c_hx - n);
+  auto workspace = at::cat({r, z, n, hc[2], c_hx}, 1);
+  const auto d = deviceOf(hx);
+  return {adopt(hy, d), adopt(workspace, d)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedGruCellBackward(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
+  auto ws = onCpu(workspace).chunk(5, 1);
+  auto r = ws[0], z = ws[1], n = ws[2], hn = ws[3], hx = ws[4];
+  auto gh = onCpu(grad_hy);
+  auto grad_hx = gh * z;
+  auto gn = gh * (1 - z) * (1 - n * n);
+  auto gz = gh * (hx - n) * z * (1 - z);
+  auto gr = gn * hn * r * (1 - r);
+  auto grad_input_gates = at::cat({gr, gz, gn}, 1);
+  auto grad_hidden_gates = at::cat({gr, gz, gn * r}, 1);
+  at::Tensor gib = has_bias ? grad_input_gates.sum(0) : at::Tensor();
+  at::Tensor ghb = has_bias ? grad_hidden_gates.sum(0) : at::Tensor();
+  const auto d = deviceOf(workspace);
+  return {adopt(grad_input_gates, d), adopt(grad_hidden_gates, d), adopt(grad_hx, d),
+          adopt(gib, d), adopt(ghb, d)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", TORCH_FN(convolution));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolutionBackward));
+  m.impl("_thnn_fused_lstm_cell", TORCH_FN(fusedLstmCell));
+  m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fusedLstmCellBackward));
+  m.impl("_thnn_fused_gru_cell", TORCH_FN(fusedGruCell));
+  m.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fusedGruCellBackward));
+}
+
+}  // namespace torchneuron

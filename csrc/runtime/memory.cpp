@@ -1,0 +1,184 @@
+// Emulated NeuronCore: device memory with a capacity, copies, pinned host memory.
+#include "neuron_runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <map>
+#include <vector>
+
+namespace torchneuron::rt {
+namespace {
+
+constexpr size_t kAlignment = 64;
+constexpr size_t kDefaultCapacity = size_t(16) << 30;
+
+// Parses "17179869184", "16GiB", "16G", "512MiB", "512M", "64KiB".
+size_t parseBytes(const char* text, size_t fallback) {
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (end == text || value < 0) return fallback;
+  std::string unit(end);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
+  double scale = 1;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
+  else {
+    std::fprintf(stderr, "torchneuron: cannot read the size '%s'; using the default\n", text);
+    return fallback;
+  }
+  return static_cast<size_t>(value * scale);
+}
+
+struct DeviceMemory {
+  std::atomic<size_t> used{0};
+};
+
+std::vector<DeviceMemory>& devices() {
+  static std::vector<DeviceMemory> devs(deviceCount());
+  return devs;
+}
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<const void*, std::pair<int, size_t>> device_blocks;
+  std::map<uintptr_t, size_t> host_blocks;  // start -> size
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // outlives static destructors
+  return *r;
+}
+
+bool validDevice(int device) { return device >= 0 && device < deviceCount(); }
+
+}  // namespace
+
+size_t deviceCapacity() {
+  static const size_t capacity =
+      parseBytes(std::getenv("TORCHNEURON_DEVICE_MEMORY"), kDefaultCapacity);
+  return capacity;
+}
+
+Status reserve(int device, size_t nbytes) {
+  if (!validDevice(device)) return Status::InvalidDevice;
+  auto& used = devices()[device].used;
+  size_t current = used.load(std::memory_order_relaxed);
+  const size_t capacity = deviceCapacity();
+  do {
+    if (nbytes > capacity - std::min(current, capacity)) return Status::OutOfMemory;
+  } while (!used.compare_exchange_weak(current, current + nbytes, std::memory_order_relaxed));
+  return Status::Success;
+}
+
+void release(int device, size_t nbytes) {
+  if (validDevice(device)) devices()[device].used.fetch_sub(nbytes, std::memory_order_relaxed);
+}
+
+Status malloc(int device, void** ptr, size_t nbytes) {
+  if (ptr == nullptr) return Status::InvalidValue;
+  *ptr = nullptr;
+  Status s = reserve(device, nbytes);
+  if (s != Status::Success) return s;
+  void* p = nullptr;
+  if (posix_memalign(&p, kAlignment, nbytes == 0 ? kAlignment : nbytes) != 0) {
+    release(device, nbytes);
+    return Status::OutOfMemory;
+  }
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.device_blocks.emplace(p, std::make_pair(device, nbytes));
+  }
+  *ptr = p;
+  return Status::Success;
+}
+
+Status free(void* ptr) {
+  if (ptr == nullptr) return Status::Success;
+  std::pair<int, size_t> block;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.device_blocks.find(ptr);
+    if (it == r.device_blocks.end()) return Status::InvalidValue;
+    block = it->second;
+    r.device_blocks.erase(it);
+  }
+  std::free(ptr);
+  release(block.first, block.second);
+  return Status::Success;
+}
+
+Status pointerGetDevice(const void* ptr, int* device) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.device_blocks.find(ptr);
+  if (it == r.device_blocks.end()) return Status::InvalidValue;
+  *device = it->second.first;
+  return Status::Success;
+}
+
+Status memGetInfo(int device, size_t* free_bytes, size_t* total_bytes) {
+  if (!validDevice(device)) return Status::InvalidDevice;
+  const size_t capacity = deviceCapacity();
+  const size_t used = devices()[device].used.load(std::memory_order_relaxed);
+  *total_bytes = capacity;
+  *free_bytes = used >= capacity ? 0 : capacity - used;
+  return Status::Success;
+}
+
+Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind /*kind*/) {
+  if (nbytes == 0) return Status::Success;
+  if (dst == nullptr || src == nullptr) return Status::InvalidValue;
+  std::memmove(dst, src, nbytes);
+  return Status::Success;
+}
+
+Status hostMalloc(void** ptr, size_t nbytes) {
+  if (ptr == nullptr) return Status::InvalidValue;
+  void* p = nullptr;
+  if (posix_memalign(&p, kAlignment, nbytes == 0 ? kAlignment : nbytes) != 0) {
+    *ptr = nullptr;
+    return Status::OutOfMemory;
+  }
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.host_blocks.emplace(reinterpret_cast<uintptr_t>(p), nbytes);
+  *ptr = p;
+  return Status::Success;
+}
+
+Status hostFree(void* ptr) {
+  if (ptr == nullptr) return Status::Success;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.host_blocks.erase(reinterpret_cast<uintptr_t>(ptr)) == 0) return Status::InvalidValue;
+  }
+  std::free(ptr);
+  return Status::Success;
+}
+
+bool isHostPinned(const void* ptr) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  // Any address inside a pinned block counts, as for views of pinned tensors.
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = r.host_blocks.upper_bound(addr);
+  if (it == r.host_blocks.begin()) return false;
+  --it;
+  return addr < it->first + std::max<size_t>(it->second, 1);
+}
+
+}  // namespace torchneuron::rt

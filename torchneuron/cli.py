@@ -1,0 +1,105 @@
+"""Command-line interface: ``python -m torchneuron <command>`` or ``torchneuron <command>``.
+
+Each subcommand is a :class:`Command` in :data:`COMMANDS`: a name, a help line, a
+function that adds its arguments to a parser and a function that runs it and
+returns the exit code. The package itself is imported only inside the run
+functions, so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Command:
+    """One CLI subcommand.
+
+    Args:
+        name: word typed after ``torchneuron``.
+        help: one-line description shown by ``--help``.
+        add_arguments: adds the subcommand's options to its parser.
+        run: executes the subcommand and returns the process exit code.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``demo`` subcommand.
+
+    Args:
+        parser: the subcommand's parser.
+    """
+    parser.add_argument("--steps", type=int, default=200, help="training steps per run (default: 200)")
+    parser.add_argument("--device", default="neuron", help="device under test (default: neuron)")
+    parser.add_argument("--compare-device", default="cpu", help="reference device, trained first (default: cpu)")
+    parser.add_argument("--compile", action="store_true", help="add a third run with torch.compile on --device")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights, batches and sampling (default: 0)")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    """Run the training demo; exit code 1 when the loss curves do not match.
+
+    Args:
+        args: parsed options of the ``demo`` subcommand.
+    """
+    from torchneuron.demo import run_demo
+
+    result = run_demo(
+        steps=args.steps,
+        device=args.device,
+        compare_device=args.compare_device,
+        compile=args.compile,
+        seed=args.seed,
+    )
+    return 0 if result["match"] else 1
+
+
+COMMANDS: list[Command] = [
+    Command(
+        "demo",
+        "train a small GPT on the reference device and on the device under test and compare the losses",
+        _add_demo_arguments,
+        _run_demo,
+    ),
+]
+
+
+def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    """Build the top-level parser with one subparser per command.
+
+    Args:
+        commands: the subcommands to register.
+    """
+    parser = argparse.ArgumentParser(prog="torchneuron", description="torchneuron: the 'neuron' device for PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in commands:
+        sub_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(sub_parser)
+        sub_parser.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the chosen command and return its exit code.
+
+    Args:
+        argv: command-line arguments without the program name.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return args._run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""``torch.neuron``: the neuron device, name for name like ``torch.cuda``.
+
+Devices, memory, random number generators, streams and events of NeuronCore
+accelerators (or their emulation). Reached as ``torch.neuron`` once
+torchneuron is loaded, and through ``torch.accelerator`` and
+``torch.get_device_module("neuron")``.
+"""
+
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import torch
+
+from .. import _C
+from . import amp
+from ._utils import _get_device_index
+from .memory import (
+    empty_cache,
+    host_memory_stats,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+)
+from .random import (
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+
+__all__ = [
+    "Event", "OutOfMemoryError", "Stream", "StreamContext", "amp", "current_device", "current_stream",
+    "default_generators", "default_stream", "device", "device_count", "device_of", "empty_cache",
+    "get_amp_supported_dtype", "get_device_capability", "get_device_name", "get_device_properties",
+    "get_rng_state", "get_rng_state_all", "host_memory_stats", "init", "initial_seed",
+    "is_available", "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all",
+    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
+    "memory_reserved", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
+    "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize", "transfer_stats",
+    "reset_transfer_stats",
+]
+
+OutOfMemoryError = torch.OutOfMemoryError
+
+
+def is_available() -> bool:
+    """Return whether a neuron device is present."""
+    return _C._device_count() > 0
+
+
+def device_count() -> int:
+    """Return the number of neuron devices (``TORCHNEURON_NUM_DEVICES`` for the emulator)."""
+    return _C._device_count()
+
+
+def is_initialized() -> bool:
+    """Return whether the neuron runtime is initialized (it is, once torchneuron is loaded)."""
+    return True
+
+
+def init() -> None:
+    """Initialize the neuron runtime; a no-op kept for ``torch.cuda.init`` habits."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def _lazy_init() -> None:
+    pass
+
+
+def current_device() -> int:
+    """Return the index of the current neuron device of this thread."""
+    return _C._current_device()
+
+
+def set_device(device: Any) -> None:
+    """Set the current neuron device of this thread.
+
+    Args:
+        device: an index, ``"neuron:N"`` or a ``torch.device``.
+    """
+    _C._set_device(_get_device_index(device))
+
+
+class device:
+    """Context manager that makes ``device`` the current neuron device.
+
+    Args:
+        device: an index, ``"neuron:N"``, a ``torch.device``, or ``None`` (no change).
+
+    Example::
+
+        >>> with torch.neuron.device(1):
+        ...     x = torch.ones(2, device="neuron")   # on neuron:1
+    """
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else _get_device_index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = _C._current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            _C._set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (a no-op for CPU tensors)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+
+
+class _NeuronDeviceProperties(NamedTuple):
+    name: str
+    total_memory: int
+    multi_processor_count: int
+    major: int
+    minor: int
+
+    def __repr__(self) -> str:
+        return (f"_NeuronDeviceProperties(name='{self.name}', total_memory="
+                f"{self.total_memory // (1024 * 1024)}MB, multi_processor_count={self.multi_processor_count})")
+
+
+@lru_cache(maxsize=None)
+def _properties(index: int) -> _NeuronDeviceProperties:
+    p = _C._device_properties(index)
+    return _NeuronDeviceProperties(p["name"], p["total_memory"], p["core_count"], 1, 0)
+
+
+def get_device_properties(device: Any = None) -> _NeuronDeviceProperties:
+    """Return the properties of a neuron device: ``name``, ``total_memory`` and more.
+
+    Args:
+        device: the device (default: the current one).
+    """
+    return _properties(_get_device_index(device))
+
+
+def get_device_name(device: Any = None) -> str:
+    """Return the name of a neuron device.
+
+    Args:
+        device: the device (default: the current one).
+    """
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """Return the (major, minor) capability of a neuron device."""
+    p = get_device_properties(device)
+    return p.major, p.minor
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for all work on all streams of a neuron device to finish.
+
+    Args:
+        device: the device (default: the current one).
+    """
+    _C._synchronize(_get_device_index(device))
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Return whether bfloat16 is supported (it is)."""
+    return True
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """Return the dtypes ``torch.autocast("neuron")`` accepts."""
+    return [torch.bfloat16, torch.float16]
+
+
+def transfer_stats() -> dict[str, int]:
+    """Return counters of host/device traffic since start or the last reset.
+
+    Keys: ``host_to_device_bytes``, ``device_to_host_bytes``,
+    ``device_to_device_bytes``, ``host_to_device_copies``,
+    ``device_to_host_copies`` and ``scalar_reads`` (``.item()`` and the like).
+    """
+    return dict(_C._transfer_stats())
+
+
+def reset_transfer_stats() -> None:
+    """Set the counters of :func:`transfer_stats` to zero."""
+    _C._reset_transfer_stats()

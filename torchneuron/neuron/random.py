@@ -1,0 +1,93 @@
+"""Random number generators of neuron devices, one per device."""
+
+from typing import Any, Iterable
+
+import torch
+
+from .. import _C
+from ._utils import _get_device_index
+
+__all__ = [
+    "default_generators", "get_rng_state", "get_rng_state_all", "initial_seed", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "set_rng_state", "set_rng_state_all",
+]
+
+#: The default ``torch.Generator`` of each neuron device.
+default_generators: tuple[torch.Generator, ...] = tuple(
+    _C._default_generator(i) for i in range(_C._device_count())
+)
+
+
+def _generator(device: Any = None) -> torch.Generator:
+    return default_generators[_get_device_index(device)]
+
+
+def get_rng_state(device: Any = "neuron") -> torch.Tensor:
+    """Return the random number generator state of a device as a CPU ByteTensor.
+
+    Args:
+        device: the device (default: the current one).
+    """
+    return _generator(device).get_state()
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """Return the random number generator state of every device."""
+    return [g.get_state() for g in default_generators]
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
+    """Set the random number generator state of a device.
+
+    Args:
+        new_state: a state returned by :func:`get_rng_state`.
+        device: the device (default: the current one).
+    """
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+        raise TypeError(f"RNG state must be a torch.ByteTensor, but got {type(new_state).__name__}"
+                        + (f" of dtype {new_state.dtype}" if isinstance(new_state, torch.Tensor) else ""))
+    with torch.no_grad():
+        state = new_state.detach().to("cpu", copy=True).contiguous()
+    _generator(device).set_state(state)
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Set the random number generator state of every device."""
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the random number generator of the current device.
+
+    Args:
+        seed: the seed.
+    """
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed the random number generators of every device.
+
+    Args:
+        seed: the seed.
+    """
+    for g in default_generators:
+        g.manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device's generator with a random number."""
+    _generator().seed()
+
+
+def seed_all() -> None:
+    """Seed every device's generator with one random number."""
+    s = default_generators[0].seed() if default_generators else 0
+    for g in default_generators[1:]:
+        g.manual_seed(s)
+
+
+def initial_seed() -> int:
+    """Return the seed of the current device's generator."""
+    return _generator().initial_seed()
