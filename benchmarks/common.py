@@ -474,7 +474,7 @@ def make_parser(description: str, suites: Sequence[Suite], prog: str | None = No
     """
     threads = ", ".join(f"{s.name}: {s.default_threads}" for s in suites)
     rounds = ", ".join(f"{s.name}: {s.default_rounds}" for s in suites)
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     parser.add_argument("--devices", default=",".join(DEFAULT_DEVICES),
                         help="two comma-separated devices, baseline first (default: %(default)s); "
                              "cpu,cpu checks the harness without the neuron device")
