@@ -210,4 +210,33 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
+namespace {
+
+// Structured ops (add, mul, ...) have a generic kernel for every backend that
+// allocates the result and calls the op's out= variant. Running the CPU's own
+// functional kernel instead saves an allocation, an alias and a dispatch per
+// call, so the fallback is registered explicitly for each such op.
+struct PreferCpuFunctionalKernels {
+  PreferCpuFunctionalKernels() : library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__) {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || !op->hasSchema()) continue;
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+        continue;
+      std::string qualified = name.name.substr(6);
+      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+      library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+    }
+  }
+  torch::Library library;
+};
+
+PreferCpuFunctionalKernels prefer_cpu_functional_kernels;
+
+}  // namespace
+
 }  // namespace torchneuron

@@ -1,0 +1,271 @@
+"""Device memory: the caching allocator's statistics, empty_cache, mem_get_info and OOM."""
+
+import gc
+import textwrap
+
+import pytest
+import torch
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _clean_allocator():
+    gc.collect()
+    torch.neuron.empty_cache()
+    yield
+    gc.collect()
+    torch.neuron.empty_cache()
+
+
+def test_allocation_raises_memory_allocated_and_free_returns_it():
+    start = torch.neuron.memory_allocated()
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    assert torch.neuron.memory_allocated() >= start + MiB
+    assert torch.neuron.memory_allocated(0) == torch.neuron.memory_allocated("neuron:0")
+    assert torch.neuron.max_memory_allocated() >= start + MiB
+    assert torch.neuron.memory_reserved() >= torch.neuron.memory_allocated()
+    del x
+    assert torch.neuron.memory_allocated() == start
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: torch.zeros(MiB // 4, device="neuron"), id="factory"),
+    pytest.param(lambda: torch.ones(MiB // 4).to("neuron"), id="copy"),
+    pytest.param(lambda: torch.arange(MiB // 4, dtype=torch.float32, device="neuron"), id="kernel-output"),
+    pytest.param(lambda: torch.ones(MiB // 4, device="neuron") * 2, id="binary-op"),
+])
+def test_every_way_of_making_a_tensor_is_counted(make):
+    start = torch.neuron.memory_allocated()
+    x = make()
+    assert x.device.type == "neuron"
+    assert torch.neuron.memory_allocated() >= start + MiB
+    del x
+    gc.collect()
+    assert torch.neuron.memory_allocated() == start
+
+
+def test_devices_are_accounted_separately(two_devices):
+    a0, a1 = torch.neuron.memory_allocated(0), torch.neuron.memory_allocated(1)
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron:1")
+    assert torch.neuron.memory_allocated(1) >= a1 + 2 * MiB
+    assert torch.neuron.memory_allocated(0) == a0
+    with torch.neuron.device(1):
+        assert torch.neuron.memory_allocated() >= a1 + 2 * MiB
+    y = x.to("neuron:0")
+    assert torch.neuron.memory_allocated(0) >= a0 + 2 * MiB
+    del x, y
+    assert (torch.neuron.memory_allocated(0), torch.neuron.memory_allocated(1)) == (a0, a1)
+
+
+def test_caching_and_empty_cache():
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device="neuron")
+    reserved = torch.neuron.memory_reserved()
+    free_while_held = torch.neuron.mem_get_info()[0]
+    ptr = x.data_ptr()
+    del x
+    # Freed memory stays cached (reserved) and is reused for a request of the same size.
+    assert torch.neuron.memory_reserved() == reserved
+    y = torch.empty(4 * MiB, dtype=torch.uint8, device="neuron")
+    assert y.data_ptr() == ptr
+    assert torch.neuron.memory_reserved() == reserved
+    del y
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() <= reserved - 4 * MiB
+    assert torch.neuron.mem_get_info()[0] >= free_while_held + 4 * MiB
+    assert torch.accelerator.memory_reserved() == torch.neuron.memory_reserved()
+
+
+def test_mem_get_info():
+    free, total = torch.neuron.mem_get_info()
+    assert total == torch.neuron.get_device_properties(0).total_memory
+    assert 0 < free <= total
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="neuron")
+    free2, total2 = torch.neuron.mem_get_info(0)
+    assert total2 == total and free2 <= free - 8 * MiB
+    assert torch.neuron.mem_get_info(torch.device("neuron:1"))[1] == total
+    del x
+
+
+def test_peak_stats_and_reset():
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    assert torch.neuron.max_memory_allocated() == base
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron")
+    del x
+    assert torch.neuron.max_memory_allocated() >= base + 3 * MiB
+    assert torch.neuron.max_memory_reserved() >= base + 3 * MiB
+    torch.neuron.reset_peak_memory_stats()
+    assert torch.neuron.max_memory_allocated() == torch.neuron.memory_allocated() == base
+    torch.neuron.reset_max_memory_allocated(0)
+    assert torch.neuron.max_memory_allocated() == base
+
+
+def test_memory_stats_keys_like_cuda():
+    x = torch.empty(1000, dtype=torch.uint8, device="neuron")  # small pool, not a multiple of 512
+    y = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")  # large pool
+    stats = torch.neuron.memory_stats()
+    for key in ["allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+                "allocated_bytes.all.freed", "allocated_bytes.small_pool.current",
+                "allocated_bytes.large_pool.current", "reserved_bytes.all.current", "active_bytes.all.current",
+                "requested_bytes.all.current", "allocation.all.current", "segment.all.current",
+                "num_alloc_retries", "num_ooms"]:
+        assert key in stats, key
+    assert stats["allocated_bytes.all.current"] == torch.neuron.memory_allocated()
+    assert stats["reserved_bytes.all.current"] == torch.neuron.memory_reserved()
+    assert stats["allocated_bytes.large_pool.current"] >= 2 * MiB
+    assert stats["allocated_bytes.small_pool.current"] >= 1000
+    # Requested bytes are what was asked for; allocated bytes are rounded up.
+    assert stats["allocated_bytes.all.current"] - stats["requested_bytes.all.current"] == 24
+    assert stats["allocation.all.current"] >= 2
+    assert dict(torch.accelerator.memory_stats(0)) == dict(stats)
+    del x, y
+
+
+def test_reset_accumulated_memory_stats():
+    x = torch.empty(10, device="neuron")
+    del x
+    assert torch.neuron.memory_stats()["allocation.all.allocated"] > 0
+    torch.neuron.reset_accumulated_memory_stats()
+    stats = torch.neuron.memory_stats()
+    assert stats["allocation.all.allocated"] == 0
+    assert stats["allocation.all.freed"] == 0
+    assert stats["num_ooms"] == 0
+
+
+def test_memory_summary():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    s = torch.neuron.memory_summary()
+    assert "neuron:0" in s and "Allocated memory" in s and "Reserved memory" in s
+    assert "2.00 MiB" in s
+    assert "small pool" in s and "small pool" not in torch.neuron.memory_summary(abbreviated=True)
+    assert "neuron:1" in torch.neuron.memory_summary(device=1)
+    del x
+
+
+def test_out_of_memory_error_names_device_size_and_capacity(device_works):
+    keep = torch.arange(1000.0, device="neuron")
+    ooms = torch.neuron.memory_stats()["num_ooms"]
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(20 << 30, dtype=torch.uint8, device="neuron")
+    msg = str(info.value)
+    assert "neuron:0" in msg
+    assert "20.00 GiB" in msg  # the request
+    assert "16.00 GiB" in msg  # the capacity
+    assert torch.neuron.OutOfMemoryError is torch.OutOfMemoryError
+    assert isinstance(info.value, RuntimeError)  # as with CUDA, OutOfMemoryError is a RuntimeError
+    assert torch.neuron.memory_stats()["num_ooms"] == ooms + 1
+    torch.testing.assert_close(keep.cpu(), torch.arange(1000.0))
+    device_works()
+
+
+def test_out_of_memory_on_second_device_names_it(two_devices, device_works):
+    with pytest.raises(torch.OutOfMemoryError, match="neuron:1"):
+        torch.empty(17 << 30, dtype=torch.uint8, device="neuron:1")
+    device_works("neuron:1")
+
+
+def test_allocate_compute_free_loop_returns_to_start():
+    start = torch.neuron.memory_allocated()
+    start1 = torch.neuron.memory_allocated(1)
+    reserved_after_first = None
+    lin = torch.nn.Linear(32, 32).neuron()
+    params_bytes = torch.neuron.memory_allocated() - start
+    for i in range(200):
+        x = torch.randn(64, 32, device="neuron", requires_grad=True)
+        y = lin(x).relu()
+        z = y.t() @ y
+        z[0].add_(1)                                   # in-place on a view
+        out = torch.empty(0, device="neuron")
+        torch.add(z.detach(), 1, out=out)              # out= that resizes
+        idx = torch.nonzero(out > out.mean())          # data-dependent size
+        loss = z.sum() + out.sum() + idx.sum() * 0
+        loss.backward()
+        moved = x.detach().to("neuron:1").cpu()
+        del x, y, z, out, idx, loss, moved
+        lin.zero_grad(set_to_none=True)
+        if i == 0:
+            reserved_after_first = torch.neuron.memory_reserved()
+    gc.collect()
+    assert torch.neuron.memory_allocated() == start + params_bytes
+    assert torch.neuron.memory_allocated(1) == start1
+    # The cache reuses blocks instead of growing without bound.
+    assert torch.neuron.memory_reserved() <= reserved_after_first + 4 * MiB
+    del lin
+    assert torch.neuron.memory_allocated() == start
+
+
+def test_device_memory_capacity_limit(run_python):
+    """With TORCHNEURON_DEVICE_MEMORY=64MiB small tensors reach the capacity."""
+    code = textwrap.dedent('''
+        import torch
+        MiB = 1 << 20
+        n = torch.neuron
+        assert n.get_device_properties(0).total_memory == 64 * MiB, n.get_device_properties(0)
+        assert n.mem_get_info() == (64 * MiB, 64 * MiB), n.mem_get_info()
+
+        def works():
+            x = torch.arange(10.0, device="neuron")
+            assert torch.equal((x * 2 + 1).cpu(), torch.arange(10.0) * 2 + 1)
+
+        a = torch.full((10 * MiB,), 7.0, device="neuron")            # 40 MiB
+        assert n.mem_get_info()[0] == 24 * MiB
+        try:
+            torch.empty(10 * MiB, device="neuron")                    # another 40 MiB
+        except torch.OutOfMemoryError as e:
+            msg = str(e)
+            assert "neuron:0" in msg and "40.00 MiB" in msg and "64.00 MiB" in msg, msg
+        else:
+            raise AssertionError("no OutOfMemoryError")
+        assert n.memory_stats()["num_ooms"] == 1
+        assert torch.equal(a[::MiB].cpu(), torch.full((10,), 7.0))
+        works()
+
+        # The zero-copy path (a kernel's output taken over by the device) is limited too.
+        try:
+            a + 1
+        except torch.OutOfMemoryError as e:
+            assert "neuron:0" in str(e) and "64.00 MiB" in str(e), str(e)
+        else:
+            raise AssertionError("no OutOfMemoryError from a kernel output")
+        assert torch.equal(a[::MiB].cpu(), torch.full((10,), 7.0))
+        works()
+
+        # An out= argument that must grow is limited too, and keeps its old contents on failure.
+        out = torch.ones(4, device="neuron")
+        try:
+            torch.add(a, 1, out=out)
+        except torch.OutOfMemoryError:
+            pass
+        else:
+            raise AssertionError("no OutOfMemoryError from resizing an out= argument")
+        assert torch.equal(out.cpu(), torch.ones(4)), out
+        works()
+
+        # Another device has its own capacity.
+        c = torch.empty(10 * MiB, device="neuron:1")
+        assert n.memory_allocated(1) >= 40 * MiB
+
+        # Freeing the first tensor makes room: the cached block is released and reused.
+        del a
+        assert n.memory_reserved() >= 40 * MiB  # cached, not returned yet
+        b = torch.ones(10 * MiB, device="neuron")
+        assert b.sum().item() == 10 * MiB
+        assert n.memory_allocated() >= 40 * MiB
+        del b
+        n.empty_cache()
+        assert n.memory_reserved(0) == n.memory_allocated(0)
+
+        # Two 40 MiB tensors never fit at once, but a long loop of them does.
+        for _ in range(20):
+            x = torch.randn(10 * MiB, device="neuron")
+            del x
+        two = [torch.empty(5 * MiB, device="neuron") for _ in range(3)]  # 60 MiB
+        assert n.mem_get_info()[0] < 5 * MiB
+        del two
+        works()
+        print("ok")
+    ''')
+    r = run_python(code, env={"TORCHNEURON_DEVICE_MEMORY": "64MiB"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ok"
