@@ -5,6 +5,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 namespace py = pybind11;
 
@@ -61,6 +62,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr e) {
     if (e) torch::translate_exception_to_python(e);
   });
+  preferCpuKernels();
   m.def("_device_count", [] { return int(deviceCount()); });
   m.def("_current_device", [] { return int(currentDevice()); });
   m.def("_set_device", [](int i) { setDevice(static_cast<c10::DeviceIndex>(i)); });
@@ -75,6 +77,12 @@ PYBIND11_MODULE(_C, m) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(defaultGenerator(static_cast<c10::DeviceIndex>(i))));
   });
+  m.def("_cpu_view", &cpuView,
+        "A CPU tensor over the memory of a neuron tensor (no copy); it keeps that memory alive.");
+  m.def("_adopt", [](const at::Tensor& cpu, int device) {
+    TORCH_CHECK(cpu.device().is_cpu(), "expected a CPU tensor, got one on ", cpu.device());
+    return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
+  }, "A neuron tensor holding a copy of a CPU tensor's values.");
   m.def("_transfer_stats", &transfers);
   m.def("_reset_transfer_stats", &resetTransfers);
 }

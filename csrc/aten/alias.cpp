@@ -47,6 +47,18 @@ at::Tensor cpuAlias(const at::Tensor& neuron) {
   return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
 }
 
+at::Tensor cpuView(const at::Tensor& neuron) {
+  TORCH_CHECK(neuron.device().type() == kNeuron, "expected a neuron tensor, got one on ", neuron.device());
+  const auto& storage = neuron.storage();
+  // The CPU storage keeps the device storage alive for as long as it lives.
+  auto* keep = new c10::Storage(storage);
+  c10::DataPtr ptr(const_cast<void*>(storage.data()), keep,
+                   [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU));
+  auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+                                                    std::move(ptr), nullptr, /*resizable=*/false);
+  return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+}
+
 at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like) {
   return makeTensor(std::move(storage), c10::DispatchKey::PrivateUse1, like);
 }

@@ -127,6 +127,8 @@ class Call {
     auto* impl = out.unsafeGetTensorImpl();
     for (const auto& a : aliases_)  // an in-place op returns its argument
       if (a.cpu.unsafeGetTensorImpl() == impl) return a.neuron;
+    TORCH_CHECK_NOT_IMPLEMENTED(!out.is_nested(),
+        op_.schema().operator_name(), " produced a nested tensor; nested tensors are not supported on neuron yet.");
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
         op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
         ", which neuron does not support; only dense (torch.strided) tensors are.");
@@ -210,33 +212,35 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
-namespace {
-
-// Structured ops (add, mul, ...) have a generic kernel for every backend that
-// allocates the result and calls the op's out= variant. Running the CPU's own
-// functional kernel instead saves an allocation, an alias and a dispatch per
-// call, so the fallback is registered explicitly for each such op.
-struct PreferCpuFunctionalKernels {
-  PreferCpuFunctionalKernels() : library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__) {
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const auto& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || !op->hasSchema()) continue;
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
-        continue;
-      std::string qualified = name.name.substr(6);
-      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-      library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
-    }
+// Many ops have both a CPU kernel and a generic one that every other backend
+// gets: structured ops (add, mul, ...) allocate the result and call their out=
+// variant; others (layer_norm, group_norm, ...) decompose into several ops.
+// Running the CPU's own kernel instead gives the CPU's exact numbers and saves
+// allocations, aliases and dispatches, so the fallback is registered
+// explicitly for each such op. Views keep their generic kernels.
+void preferCpuKernels() {
+  static torch::Library* library = nullptr;
+  if (library != nullptr) return;
+  library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+      continue;
+    bool is_view = false;
+    for (const auto& ret : op->schema().returns())
+      if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) is_view = true;
+    if (is_view) continue;
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
   }
-  torch::Library library;
-};
-
-PreferCpuFunctionalKernels prefer_cpu_functional_kernels;
-
-}  // namespace
+}
 
 }  // namespace torchneuron

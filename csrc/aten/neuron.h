@@ -45,6 +45,9 @@ at::Generator cpuGeneratorOf(const at::Generator& neuron_generator);
 // A CPU tensor viewing the memory of a neuron tensor: same sizes, strides,
 // offset, dtype, conj/neg bits. The neuron tensor must outlive it.
 at::Tensor cpuAlias(const at::Tensor& neuron);
+// The same for code outside a kernel (collectives, compiled graphs): the CPU
+// tensor keeps the device memory alive and cannot be resized.
+at::Tensor cpuView(const at::Tensor& neuron);
 // A neuron tensor for a CPU kernel's output, taking over its buffer (or
 // copying it when the buffer is not the kernel's to give).
 at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device);
@@ -55,6 +58,10 @@ at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like);
 // Makes `neuron` reflect what a kernel did to its alias: new sizes, strides,
 // offset, or a new buffer after a resize.
 void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias);
+
+// Registers the fallback for ops that have a CPU kernel besides a generic
+// one, so they run the CPU's kernel. Called once, after all registrations.
+void preferCpuKernels();
 
 // ---- transfer accounting (kernels.cpp) -----------------------------------
 struct TransferStats {
