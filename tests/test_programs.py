@@ -64,12 +64,6 @@ def _noise_then_dropout(device):
     return F.dropout(noisy, 0.5).cpu()  # so must dropout, for the stream to be the CPU's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aten::native_dropout (F.dropout/nn.Dropout/LSTM and SDPA dropout on neuron) has no "
-    "Generator argument, so the fallback's CPU kernel draws from the CPU default generator "
-    "instead of the neuron one",
-)
 def test_dropout_draws_from_the_device_generator():
     torch.manual_seed(0)
     before = torch.neuron.get_rng_state()
