@@ -1,6 +1,7 @@
 // torchneuron._C: the Python binding of the device runtime.
 #include "aten/neuron.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Exceptions.h>
@@ -39,6 +40,26 @@ py::dict transfers() {
   d["host_to_device_copies"] = s.host_to_device_copies.load();
   d["device_to_host_copies"] = s.device_to_host_copies.load();
   d["scalar_reads"] = s.scalar_reads.load();
+  return d;
+}
+
+py::dict hostStats() {
+  auto* allocator = static_cast<at::HostAllocator*>(hostAllocator());
+  const auto stats = allocator->get_stats();
+  py::dict d;
+  auto put = [&](const char* name, const c10::CachingAllocator::Stat& s) {
+    const std::string n(name);
+    d[py::str(n + ".current")] = s.current;
+    d[py::str(n + ".peak")] = s.peak;
+    d[py::str(n + ".allocated")] = s.allocated;
+    d[py::str(n + ".freed")] = s.freed;
+  };
+  put("active_requests", stats.active_requests);
+  put("active_bytes", stats.active_bytes);
+  put("allocations", stats.allocations);
+  put("allocated_bytes", stats.allocated_bytes);
+  d["num_host_alloc"] = stats.num_host_alloc;
+  d["num_host_free"] = stats.num_host_free;
   return d;
 }
 
@@ -84,5 +105,6 @@ PYBIND11_MODULE(_C, m) {
     return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
   }, "A neuron tensor holding a copy of a CPU tensor's values.");
   m.def("_transfer_stats", &transfers);
+  m.def("_host_memory_stats", &hostStats);
   m.def("_reset_transfer_stats", &resetTransfers);
 }

@@ -126,8 +126,10 @@ def test_autocast_default_dtype_and_torch_neuron_amp_autocast():
     a = _x(4, 4)
     with torch.autocast("neuron"):
         assert (a @ a).dtype == torch.get_autocast_dtype("neuron")
-    with torch.neuron.amp.autocast():                 # documented default: bfloat16
+    with torch.neuron.amp.autocast():                 # default float16, as torch.cuda.amp.autocast
         assert torch.is_autocast_enabled("neuron")
+        assert (a @ a).dtype == torch.float16
+    with torch.neuron.amp.autocast(dtype=torch.bfloat16):
         assert (a @ a).dtype == torch.bfloat16
     with torch.neuron.amp.autocast(dtype=torch.float16):
         assert (a @ a).dtype == torch.float16
@@ -138,7 +140,7 @@ def test_autocast_default_dtype_and_torch_neuron_amp_autocast():
     @torch.neuron.amp.autocast()
     def decorated(x):
         return x @ x
-    assert decorated(a).dtype == torch.bfloat16
+    assert decorated(a).dtype == torch.float16
 
 
 def test_autocast_caches_and_backward():
@@ -250,6 +252,13 @@ def test_grad_scaler_skips_step_on_inf_and_backs_off():
     scaler.step(opt)
     scaler.update()
     assert not torch.equal(model[0].bias.detach().cpu(), before[1])
+
+
+def test_torch_neuron_amp_grad_scaler_is_a_class():
+    s = torch.neuron.amp.GradScaler(init_scale=8.0)
+    assert isinstance(s, torch.neuron.amp.GradScaler) and isinstance(s, torch.amp.GradScaler)
+    assert s.get_scale() == 8.0 and s._device == "neuron"
+    assert not torch.neuron.amp.GradScaler(enabled=False).is_enabled()
 
 
 def test_grad_scaler_state_dict_round_trip():

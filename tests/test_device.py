@@ -232,6 +232,27 @@ def test_module_neuron_method(two_devices):
     assert all(t.is_cpu for t in m.state_dict().values())
 
 
+def test_module_to_neuron_keeps_parameter_objects():
+    # Module._apply swaps the data of each Parameter (as for CUDA) only if the neuron tensor has a
+    # compatible shallow-copy type; otherwise an optimizer built before .to() would train stale copies.
+    m = torch.nn.Linear(2, 2)
+    w = m.weight
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)   # built before the move, which works on CUDA
+    m.to("neuron")
+    assert m.weight is w
+    before = m.weight.detach().cpu().clone()
+    m(torch.ones(1, 2, device="neuron")).sum().backward()
+    opt.step()
+    assert m.weight.grad is not None
+    torch.testing.assert_close(m.weight.detach().cpu(), before - 1.0)  # d(sum)/dw = 1, lr = 1
+
+
+def test_lazy_module_moved_before_initialization():
+    m = torch.nn.LazyLinear(3).to("neuron")
+    out = m(torch.ones(2, 5, device="neuron"))
+    assert out.shape == (2, 3) and m.weight.shape == (3, 5)
+
+
 def test_storage_neuron_method(two_devices):
     x = torch.arange(5, dtype=torch.int16)
     s = x.untyped_storage()

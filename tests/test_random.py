@@ -28,21 +28,8 @@ SAMPLERS = {
     "init.kaiming_uniform_": lambda d: torch.nn.init.kaiming_uniform_(torch.empty(4, 5, device=d)),
 }
 
-# Ops whose neuron kernel draws from the CPU's default generator instead of the device's:
-# F.dropout on an accelerator calls aten::native_dropout, which has no Generator argument.
-CPU_STREAM_BUG = {"dropout", "nn.Dropout", "sdpa(dropout_p)"}
-CPU_STREAM_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="bug: aten::native_dropout (used by F.dropout on an accelerator) has no Generator argument, "
-           "so the zero-copy fallback's CPU kernel draws from the CPU default generator, not the device's")
 
-
-def _sampler_params(xfail_names=()):
-    return [pytest.param(name, marks=CPU_STREAM_XFAIL if name in xfail_names else ())
-            for name in SAMPLERS]
-
-
-@pytest.mark.parametrize("name", _sampler_params())
+@pytest.mark.parametrize("name", list(SAMPLERS))
 def test_manual_seed_makes_neuron_draws_reproducible(name):
     torch.manual_seed(1234)
     a = SAMPLERS[name]("neuron")
@@ -54,7 +41,7 @@ def test_manual_seed_makes_neuron_draws_reproducible(name):
     assert not torch.equal(b.cpu(), c.cpu())
 
 
-@pytest.mark.parametrize("name", _sampler_params())
+@pytest.mark.parametrize("name", list(SAMPLERS))
 def test_neuron_and_cpu_seeded_alike_draw_the_same_numbers(name):
     torch.manual_seed(77)
     cpu = SAMPLERS[name]("cpu")
@@ -63,7 +50,7 @@ def test_neuron_and_cpu_seeded_alike_draw_the_same_numbers(name):
     torch.testing.assert_close(dev.cpu(), cpu, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", _sampler_params(CPU_STREAM_BUG))
+@pytest.mark.parametrize("name", list(SAMPLERS))
 def test_neuron_stream_is_independent_of_cpu_stream(name):
     torch.manual_seed(0)
     torch.neuron.manual_seed(99)
@@ -76,7 +63,7 @@ def test_neuron_stream_is_independent_of_cpu_stream(name):
     torch.testing.assert_close(a, b, rtol=0, atol=0)   # ... does not change the next neuron draw
 
 
-@pytest.mark.parametrize("name", _sampler_params(CPU_STREAM_BUG))
+@pytest.mark.parametrize("name", list(SAMPLERS))
 def test_neuron_draws_do_not_consume_cpu_stream(name):
     torch.manual_seed(5)
     expected = torch.rand(8)
@@ -85,7 +72,7 @@ def test_neuron_draws_do_not_consume_cpu_stream(name):
     torch.testing.assert_close(torch.rand(8), expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", _sampler_params(CPU_STREAM_BUG))
+@pytest.mark.parametrize("name", list(SAMPLERS))
 def test_device_seed_alone_makes_draws_reproducible(name):
     torch.manual_seed(1)
     torch.neuron.manual_seed(2024)
@@ -166,6 +153,34 @@ def test_random_ops_on_device_one_use_its_generator(two_devices):
     a = torch.randn(6, device="neuron:1").cpu()
     torch.manual_seed(55)
     torch.testing.assert_close(a, torch.randn(6), rtol=0, atol=0)
+
+
+def test_dropout_on_device_one_uses_its_generator(two_devices):
+    torch.neuron.manual_seed_all(0)
+    torch.neuron.default_generators[1].manual_seed(55)
+    a = F.dropout(torch.ones(64, device="neuron:1"), 0.5).cpu()
+    b = F.dropout(torch.ones(64, device="neuron:0"), 0.5).cpu()
+    torch.manual_seed(55)
+    torch.testing.assert_close(a, F.dropout(torch.ones(64), 0.5), rtol=0, atol=0)
+    assert not torch.equal(a, b)
+
+
+def test_native_dropout_train_and_eval():
+    x = torch.randn(40)
+    torch.manual_seed(3)
+    out, mask = torch.native_dropout(x.to("neuron"), 0.3, True)
+    assert out.device.type == "neuron" and mask.dtype == torch.bool
+    torch.testing.assert_close(out.cpu(), x * mask.cpu() / 0.7)
+    out, mask = torch.native_dropout(x.to("neuron"), 0.3, False)
+    torch.testing.assert_close(out.cpu(), x)
+    assert bool(mask.all())
+    empty_out, empty_mask = torch.native_dropout(torch.empty(0, device="neuron"), 0.5, True)
+    assert empty_out.shape == empty_mask.shape == (0,)
+    # eval-mode modules draw nothing
+    torch.neuron.manual_seed(4)
+    state = torch.neuron.get_rng_state()
+    torch.testing.assert_close(torch.nn.Dropout(0.5).eval()(x.to("neuron")).cpu(), x)
+    torch.testing.assert_close(torch.neuron.get_rng_state(), state)
 
 
 def test_seed_and_initial_seed():
@@ -254,3 +269,29 @@ def test_fork_rng_restores_device_state():
     with torch.random.fork_rng(devices=[0], device_type="neuron"):
         torch.rand(100, device="neuron")
     torch.testing.assert_close(torch.rand(5, device="neuron").cpu(), expected, rtol=0, atol=0)
+
+
+def test_default_generator_shared_by_threads_hands_out_each_draw_once():
+    import threading
+    torch.neuron.manual_seed(1)
+    rows, lock = [], threading.Lock()
+
+    def draw():
+        for _ in range(40):
+            r = torch.rand(1, 257, device="neuron").cpu()
+            with lock:
+                rows.append(r)
+
+    threads = [threading.Thread(target=draw) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    # The same stream drawn sequentially; the order between threads is arbitrary, but no draw may be
+    # duplicated or torn between two threads.
+    assert sorted(torch.cat(rows).tolist()) == sorted(torch.cat(_sequential_rows(1, 80, 257)).tolist())
+
+
+def _sequential_rows(seed, n, width):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(1, width, generator=g) for _ in range(n)]

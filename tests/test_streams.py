@@ -37,8 +37,6 @@ def test_torch_stream_with_device_string():
     assert torch.Stream(device="neuron:1").device == torch.device("neuron:1")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the guard's getNewStream rejects a device without an index "
-                                       "('Invalid device neuron:-1') instead of using the current device as CUDA does")
 def test_torch_stream_with_device_without_index():
     torch.neuron.set_device(1)
     s = torch.Stream(device="neuron")

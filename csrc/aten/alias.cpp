@@ -9,6 +9,8 @@
 #include <ATen/core/TensorBase.h>
 #include <ATen/Utils.h>
 
+#include <array>
+
 namespace torchneuron {
 namespace {
 
@@ -38,13 +40,50 @@ c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
 
 }  // namespace
 
+// CPU aliases are made for every argument of every op, so each thread keeps
+// a few and reuses one as soon as nothing but the pool holds it.
+constexpr size_t kPoolSize = 8;
+thread_local std::array<at::Tensor, kPoolSize> alias_pool;
+
+void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
+  const auto& storage = neuron.storage();
+  auto* s = alias.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)));
+  s->set_nbytes(storage.nbytes());
+  auto* impl = alias.unsafeGetTensorImpl();
+  impl->set_storage_and_dtype(alias.storage(), neuron.dtype());
+  impl->set_sizes_and_strides(neuron.sizes(), neuron.strides(), neuron.storage_offset());
+  impl->_set_conj(neuron.is_conj());
+  impl->_set_neg(neuron.is_neg());
+}
+
+at::Tensor cpuAliasSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), neuron.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(neuron.sizes(), neuron.strides(), neuron.storage_offset());
+  if (neuron.is_conj()) alias._set_conj(true);
+  if (neuron.is_neg()) alias._set_neg(true);
+  return alias;
+}
+
 at::Tensor cpuAlias(const at::Tensor& neuron) {
+  at::Tensor* empty_slot = nullptr;
+  for (auto& slot : alias_pool) {
+    if (!slot.defined()) {
+      empty_slot = &slot;
+    } else if (slot.use_count() == 1 && slot.storage().use_count() == 1) {
+      pointAt(slot, neuron);
+      return slot;
+    }
+  }
   const auto& storage = neuron.storage();
   auto impl = c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
       c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
       c10::GetCPUAllocator(), /*resizable=*/true);
-  return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+  at::Tensor alias = makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+  if (empty_slot != nullptr) *empty_slot = alias;
+  return alias;
 }
 
 at::Tensor cpuView(const at::Tensor& neuron) {
@@ -71,11 +110,19 @@ c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device
 }
 
 at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device) {
-  TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided,
+  TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided && !cpu.is_nested(),
       "tensors of layout ", cpu.layout(), " are not supported on neuron; only dense (torch.strided) "
       "tensors are. Convert with .to_dense() first.");
   auto* storage = cpu.storage().unsafeGetStorageImpl();
   return wrapStorage(adoptStorage(storage, device), cpu);
+}
+
+at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage) {
+  auto* impl = cpu.unsafeGetTensorImpl();
+  const auto device = storage.device();
+  impl->set_storage_keep_dtype(std::move(storage));
+  impl->_change_backend_component_keys(device);
+  return cpu;
 }
 
 void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias) {
@@ -86,6 +133,8 @@ void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias) {
     const size_t nbytes = astorage->nbytes();
     nstorage->set_data_ptr_noswap(takeBuffer(astorage, neuron.device().index()));
     nstorage->set_nbytes(nbytes);
+    // Other aliases may share this CPU storage: keep it pointing at the device buffer.
+    astorage->set_data_ptr_noswap(c10::DataPtr(nstorage->mutable_data(), c10::Device(c10::kCPU)));
   }
   auto* n = neuron.unsafeGetTensorImpl();
   auto* a = alias.unsafeGetTensorImpl();

@@ -45,23 +45,31 @@ class Call {
     if (!t.defined()) return t;
     const auto device = t.device();
     if (device.type() == kNeuron) {
-      noteDevice(device, arg.name());
-      aliases_.push_back(Alias{t, cpuAlias(t), written});
+      noteDevice(device, arg);
+      const auto* storage = t.storage().unsafeGetStorageImpl();
+      at::Tensor alias;
+      for (const auto& a : aliases_) {
+        if (a.neuron.storage().unsafeGetStorageImpl() == storage) {
+          alias = cpuAliasSharing(t, a.cpu.storage());
+          break;
+        }
+      }
+      aliases_.push_back(Alias{t, alias.defined() ? std::move(alias) : cpuAlias(t), written});
       return aliases_.back().cpu;
     }
-    if (device.is_cpu() && t.dim() > 0 && cpu_arg_.empty()) cpu_arg_ = arg.name();
+    // A CPU scalar may join a neuron op as an input, as with CUDA; never as an output.
+    if (device.is_cpu() && (t.dim() > 0 || written) && cpu_arg_ == nullptr) cpu_arg_ = &arg;
     return t;
   }
 
-  void noteDevice(c10::Device device, const std::string& arg) {
+  void noteDevice(c10::Device device, const c10::Argument& arg) {
     const auto index = device.has_index() ? device.index() : currentDevice();
     if (device_ < 0) {
       device_ = index;
-      device_arg_ = arg;
     } else if (index != device_) {
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
           "devices, neuron:", int(device_), " and neuron:", int(index), "! (when checking argument '",
-          arg, "' of ", op_.schema().operator_name(), ")");
+          arg.name(), "' of ", op_.schema().operator_name(), ")");
     }
   }
 
@@ -92,14 +100,14 @@ class Call {
       } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
         const auto device = iv.toDevice();
         if (device.has_index()) checkDevice(device.index());
-        noteDevice(device, arg.name());
+        noteDevice(device, arg);
         iv = c10::Device(c10::kCPU);
       }
     }
     if (device_ < 0) device_ = currentDevice();
-    if (!cpu_arg_.empty() && !aliases_.empty() && !acceptsCpuTensors(op_)) {
+    if (cpu_arg_ != nullptr && !aliases_.empty() && !acceptsCpuTensors(op_)) {
       TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-          "devices, neuron:", int(device_), " and cpu! (when checking argument '", cpu_arg_, "' of ",
+          "devices, neuron:", int(device_), " and cpu! (when checking argument '", cpu_arg_->name(), "' of ",
           op_.schema().operator_name(), ")");
     }
     // Random ops draw from the device's generator, never the CPU's.
@@ -132,6 +140,9 @@ class Call {
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
         op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
         ", which neuron does not support; only dense (torch.strided) tensors are.");
+    TORCH_CHECK_NOT_IMPLEMENTED(!c10::isQIntType(out.scalar_type()),
+        op_.schema().operator_name(), " produced a quantized tensor (", out.scalar_type(),
+        "); quantized tensors are not supported on neuron.");
     auto* storage = out.storage().unsafeGetStorageImpl();
     for (const auto& a : aliases_)  // a view of an argument
       if (a.cpu.storage().unsafeGetStorageImpl() == storage) return wrapStorage(a.neuron.storage(), out);
@@ -148,6 +159,7 @@ class Call {
     }
     c10::Storage adopted = adoptStorage(storage, device_);
     adopted_.emplace_back(storage, adopted);
+    if (shared_outputs_ == 0) return moveToDevice(std::move(out), std::move(adopted));
     return wrapStorage(std::move(adopted), out);
   }
 
@@ -193,8 +205,7 @@ class Call {
   c10::SmallVector<Alias, 4> aliases_;
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
   c10::DeviceIndex device_ = -1;
-  std::string device_arg_;
-  std::string cpu_arg_;
+  const c10::Argument* cpu_arg_ = nullptr;
   size_t shared_outputs_ = 0;
 };
 

@@ -39,6 +39,11 @@ void setDevice(c10::DeviceIndex index) {
   tls_device = index;
 }
 
+// A device given without an index means the current one.
+c10::Device resolve(c10::Device d) {
+  return d.has_index() ? d : c10::Device(kNeuron, tls_device);
+}
+
 c10::Stream currentStream(c10::DeviceIndex index) {
   if (index < 0) index = tls_device;
   checkDevice(index);
@@ -70,17 +75,20 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getStream(c10::Device d) const override { return currentStream(d.index()); }
 
   c10::Stream getDefaultStream(c10::Device d) const override {
+    d = resolve(d);
     checkDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, 0);
   }
 
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
+    d = resolve(d);
     checkDevice(d.index());
     const auto id = 1 + pool_counters[d.index()]++ % kStreamsPerPool;
     return c10::Stream(c10::Stream::UNSAFE, d, static_cast<c10::StreamId>(id));
   }
 
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    d = resolve(d);
     checkDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, next_stream_id++);
   }

@@ -22,6 +22,10 @@ TransferStats& transferStats() {
 
 namespace {
 
+void checkPinMemory(std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");
+}
+
 void checkLayout(std::optional<c10::Layout> layout) {
   TORCH_CHECK_NOT_IMPLEMENTED(!layout || *layout == c10::kStrided,
       "tensors of layout ", *layout, " are not supported on neuron; only dense (torch.strided) "
@@ -36,8 +40,9 @@ c10::DeviceIndex targetDevice(std::optional<c10::Device> device) {
 
 at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                 std::optional<bool> /*pin_memory*/, std::optional<c10::MemoryFormat> memory_format) {
+                 std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   checkLayout(layout);
+  checkPinMemory(pin_memory);
   c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
   return at::detail::empty_generic(size, deviceAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -45,8 +50,9 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
 
 at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                        std::optional<bool> /*pin_memory*/) {
+                        std::optional<bool> pin_memory) {
   checkLayout(layout);
+  checkPinMemory(pin_memory);
   c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
   return at::detail::empty_strided_generic(size, stride, deviceAllocator(),
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
@@ -129,7 +135,13 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
     stats.device_to_host_copies++;
   }
   // Copies complete before returning, so non_blocking changes nothing here.
-  asCpu(dst).copy_(asCpu(self));
+  // Source and destination on one device storage share one CPU storage, so
+  // that PyTorch's overlap checks see them as the CPU would.
+  at::Tensor cpu_dst = asCpu(dst);
+  at::Tensor cpu_src = from_device && to_device && self.storage().is_alias_of(dst.storage())
+                           ? cpuAliasSharing(self, cpu_dst.storage())
+                           : asCpu(self);
+  cpu_dst.copy_(cpu_src);
   return dst;
 }
 
@@ -143,7 +155,18 @@ c10::Scalar localScalarDense(const at::Tensor& self) {
   return at::_local_scalar_dense(cpuAlias(self));
 }
 
-void recordStream(at::Tensor&, c10::Stream) {}  // blocks are never reused while in use
+void recordStream(at::Tensor&, c10::Stream) {}
+
+// Dense tensors of CPU and neuron may trade data in place (`param.data = t`),
+// so that module.to("neuron") keeps the Parameter objects, as with CUDA.
+bool hasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_nested() &&
+           (t.device().type() == kNeuron || t.device().is_cpu());
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}  // blocks are never reused while in use
 
 }  // namespace
 
@@ -162,6 +185,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
   m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
   m.impl("record_stream", TORCH_FN(recordStream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
 }
 
 // The copy kernels handle conjugate and negative views themselves (the CPU

@@ -45,6 +45,10 @@ at::Generator cpuGeneratorOf(const at::Generator& neuron_generator);
 // A CPU tensor viewing the memory of a neuron tensor: same sizes, strides,
 // offset, dtype, conj/neg bits. The neuron tensor must outlive it.
 at::Tensor cpuAlias(const at::Tensor& neuron);
+// A CPU alias over an existing alias's storage, for a second tensor on the
+// same device storage: one op's arguments that share memory on the device
+// share it on the CPU too, so PyTorch's overlap checks see it.
+at::Tensor cpuAliasSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage);
 // The same for code outside a kernel (collectives, compiled graphs): the CPU
 // tensor keeps the device memory alive and cannot be resized.
 at::Tensor cpuView(const at::Tensor& neuron);
@@ -55,6 +59,9 @@ at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device);
 // buffer, and a neuron tensor over a storage with the metadata of `like`.
 c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
 at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like);
+// Turns a CPU tensor that nothing else references into a neuron tensor over
+// `storage` (same sizes, strides and offset), reusing its TensorImpl.
+at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage);
 // Makes `neuron` reflect what a kernel did to its alias: new sizes, strides,
 // offset, or a new buffer after a resize.
 void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias);

@@ -207,3 +207,14 @@ def transfer_stats() -> dict[str, int]:
 def reset_transfer_stats() -> None:
     """Set the counters of :func:`transfer_stats` to zero."""
     _C._reset_transfer_stats()
+
+
+def __getattr__(name: str) -> Any:
+    # Inductor looks these up on torch.neuron at its first compile; loading them then keeps Inductor out of `import torch`.
+    if name in ("Scheduling", "PythonWrapperCodegen"):
+        from ..compile import inductor
+        return getattr(inductor, name)
+    raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
+
+
+from .. import compile as _compile  # noqa: E402,F401  (applies TORCHNEURON_CACHE_DIR and TORCHNEURON_COMPILE_LOG; loads no compiler)

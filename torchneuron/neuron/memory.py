@@ -79,7 +79,7 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 
 def host_memory_stats() -> "OrderedDict[str, Any]":
     """Return statistics of the pinned host memory allocator."""
-    return torch._C._accelerator_getHostStats() if hasattr(torch._C, "_accelerator_getHostStats") else OrderedDict()
+    return OrderedDict(sorted(_C._host_memory_stats().items()))
 
 
 def _format_size(n: int) -> str:
