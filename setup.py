@@ -3,6 +3,9 @@
 import glob
 import os
 
+# Building must not load a previously built (possibly stale) torchneuron.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 

@@ -259,6 +259,20 @@ NeuronAllocator& allocator() {
   return *a;
 }
 
+// The allocator of one device, for storages that must grow on their own device.
+class BoundAllocator final : public c10::Allocator {
+ public:
+  explicit BoundAllocator(c10::DeviceIndex device) : device_(device) {}
+  c10::DataPtr allocate(size_t nbytes) override { return allocator().allocateOn(device_, nbytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    rt::memcpy(dest, src, count, rt::CopyKind::DeviceToDevice);
+  }
+
+ private:
+  c10::DeviceIndex device_;
+};
+
 void deleteBlock(void* ctx) { allocator().release(static_cast<Block*>(ctx)); }
 
 struct Registration {
@@ -275,6 +289,16 @@ c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex 
 
 c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes) {
   return allocator().allocateOn(device, nbytes);
+}
+
+c10::Allocator* allocatorFor(c10::DeviceIndex device) {
+  static std::vector<std::unique_ptr<BoundAllocator>> bound = [] {
+    std::vector<std::unique_ptr<BoundAllocator>> v;
+    for (c10::DeviceIndex i = 0; i < deviceCount(); ++i) v.push_back(std::make_unique<BoundAllocator>(i));
+    return v;
+  }();
+  checkDevice(device);
+  return bound[device].get();
 }
 
 }  // namespace torchneuron

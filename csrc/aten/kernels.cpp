@@ -43,8 +43,8 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                  std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   checkLayout(layout);
   checkPinMemory(pin_memory);
-  c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
-  return at::detail::empty_generic(size, deviceAllocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return at::detail::empty_generic(size, allocatorFor(targetDevice(device)),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
@@ -53,8 +53,7 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride, std::opt
                         std::optional<bool> pin_memory) {
   checkLayout(layout);
   checkPinMemory(pin_memory);
-  c10::DeviceGuard guard(c10::Device(kNeuron, targetDevice(device)));
-  return at::detail::empty_strided_generic(size, stride, deviceAllocator(),
+  return at::detail::empty_strided_generic(size, stride, allocatorFor(targetDevice(device)),
       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::dtype_or_default(dtype));
 }
 

@@ -33,6 +33,8 @@ c10::DeviceAllocator* deviceAllocator();
 c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device);
 // Allocates device memory on a given device (not the current one).
 c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes);
+// An allocator that always allocates on `device`.
+c10::Allocator* allocatorFor(c10::DeviceIndex device);
 c10::Allocator* hostAllocator();
 
 // ---- random (generator.cpp) ----------------------------------------------

@@ -1,0 +1,144 @@
+// The zero-copy path without boxing, for the most frequent functional ops.
+//
+// The boxed fallback handles every op, but packing arguments into a stack and
+// unpacking them again costs more than a small op itself. For functional ops
+// (fresh result, no generator, nothing written) the same work is done here
+// with the op's own C++ signature: check devices, alias the tensor arguments
+// as CPU tensors, call the CPU kernel, move the result to the device.
+#include "neuron.h"
+
+#include <ATen/Operators.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+
+namespace torchneuron {
+namespace {
+
+class Scan {
+ public:
+  void add(const at::Tensor& t) {
+    ++position_;
+    if (!t.defined()) return;
+    const auto device = t.device();
+    if (device.type() == kNeuron) {
+      const auto index = device.index();
+      if (device_ < 0) {
+        device_ = index;
+      } else if (index != device_) {
+        other_ = index;
+        other_position_ = position_;
+      }
+    } else if (device.is_cpu() && t.dim() > 0 && cpu_position_ == 0) {
+      cpu_position_ = position_;
+    }
+  }
+  void add(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) add(*t);
+    else ++position_;
+  }
+  template <class T>
+  void add(const T&) { ++position_; }
+
+  // Raises PyTorch's usual error for tensors on two devices.
+  c10::DeviceIndex check(const char* name, const char* overload) const {
+    if (other_ >= 0 || cpu_position_ > 0) {
+      const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+      const int position = other_ >= 0 ? other_position_ : cpu_position_;
+      const auto& arg = op.schema().arguments().at(position - 1).name();
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
+          int(device_), " and ", other_ >= 0 ? "neuron:" + std::to_string(other_) : std::string("cpu"),
+          "! (when checking argument '", arg, "' of ", op.schema().operator_name(), ")");
+    }
+    return device_ < 0 ? currentDevice() : device_;
+  }
+
+ private:
+  c10::DeviceIndex device_ = -1;
+  c10::DeviceIndex other_ = -1;
+  int position_ = 0;
+  int other_position_ = 0;
+  int cpu_position_ = 0;
+};
+
+at::Tensor onCpu(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron ? cpuAlias(t) : t;
+}
+
+std::optional<at::Tensor> onCpu(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return t;
+  return onCpu(*t);
+}
+
+template <class T>
+const T& onCpu(const T& value) { return value; }
+
+// A fresh CPU result becomes a neuron tensor: its buffer is handed to the
+// device, its TensorImpl reused when nothing else holds it.
+at::Tensor toDevice(at::Tensor out, c10::DeviceIndex device) {
+  if (out.use_count() == 1 && out.layout() == c10::kStrided && out.storage().use_count() == 1 &&
+      !c10::isQIntType(out.scalar_type())) {
+    c10::Storage storage = adoptStorage(out.storage().unsafeGetStorageImpl(), device);
+    return moveToDevice(std::move(out), std::move(storage));
+  }
+  return adoptOutput(out, device);
+}
+
+template <class Op, class Schema = typename Op::schema>
+struct Fast;
+
+template <class Op, class... Args>
+struct Fast<Op, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    Scan scan;
+    (scan.add(args), ...);
+    const auto device = scan.check(Op::name, Op::overload_name);
+    return toDevice(Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...), device);
+  }
+};
+
+std::string qualifiedName(const char* name, const char* overload) {
+  return overload[0] ? std::string(name) + "." + overload : std::string(name);
+}
+
+#define NEURON_FAST(op) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(Fast<at::_ops::op>::call));
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // elementwise arithmetic
+  NEURON_FAST(add_Tensor) NEURON_FAST(add_Scalar) NEURON_FAST(sub_Tensor) NEURON_FAST(sub_Scalar)
+  NEURON_FAST(mul_Tensor) NEURON_FAST(mul_Scalar) NEURON_FAST(div_Tensor) NEURON_FAST(div_Scalar)
+  NEURON_FAST(div_Tensor_mode) NEURON_FAST(pow_Tensor_Scalar) NEURON_FAST(pow_Tensor_Tensor)
+  NEURON_FAST(maximum) NEURON_FAST(minimum) NEURON_FAST(where_self) NEURON_FAST(lerp_Scalar)
+  NEURON_FAST(masked_fill_Scalar) NEURON_FAST(clamp) NEURON_FAST(clamp_min)
+  // comparisons
+  NEURON_FAST(eq_Tensor) NEURON_FAST(eq_Scalar) NEURON_FAST(ne_Tensor) NEURON_FAST(ne_Scalar)
+  NEURON_FAST(lt_Tensor) NEURON_FAST(lt_Scalar) NEURON_FAST(le_Tensor) NEURON_FAST(le_Scalar)
+  NEURON_FAST(gt_Tensor) NEURON_FAST(gt_Scalar) NEURON_FAST(ge_Tensor) NEURON_FAST(ge_Scalar)
+  NEURON_FAST(logical_not)
+  // unary math and activations
+  NEURON_FAST(neg) NEURON_FAST(abs) NEURON_FAST(exp)
+  NEURON_FAST(log) NEURON_FAST(sqrt) NEURON_FAST(rsqrt)
+  NEURON_FAST(reciprocal) NEURON_FAST(sin) NEURON_FAST(cos)
+  NEURON_FAST(tanh) NEURON_FAST(sigmoid) NEURON_FAST(relu)
+  NEURON_FAST(gelu) NEURON_FAST(silu) NEURON_FAST(erf)
+  // their gradients
+  NEURON_FAST(threshold_backward) NEURON_FAST(gelu_backward)
+  NEURON_FAST(silu_backward) NEURON_FAST(sigmoid_backward)
+  NEURON_FAST(tanh_backward)
+  // matrix products
+  NEURON_FAST(mm) NEURON_FAST(bmm) NEURON_FAST(addmm)
+  NEURON_FAST(baddbmm)
+  // reductions and normalizations
+  NEURON_FAST(sum_dim_IntList) NEURON_FAST(sum) NEURON_FAST(mean_dim)
+  NEURON_FAST(amax) NEURON_FAST(amin)
+  NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
+  NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
+  // indexing
+  NEURON_FAST(index_select) NEURON_FAST(gather)
+}
+
+}  // namespace torchneuron
