@@ -14,7 +14,17 @@ Example::
     tensor([2., 2., 2.])
 """
 
-import torch
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at ``import torch``; importing the package does the work.
+
+    Defined before ``import torch``: when torchneuron is imported first, PyTorch's
+    autoload finds this module half-initialized and calls this function.
+    """
+
+
+import torch  # noqa: E402
 
 from . import _C  # noqa: F401  (registers allocator, guard, hooks and kernels)
 
@@ -39,7 +49,5 @@ def _register() -> None:
 _register()
 
 from . import neuron  # noqa: E402
+from . import distributed  # noqa: E402,F401  (registers the "neuron" torch.distributed backend)
 
-
-def _autoload() -> None:
-    """Entry point PyTorch calls at ``import torch``; importing the package did the work."""
