@@ -51,3 +51,4 @@ _register()
 from . import neuron  # noqa: E402
 from . import distributed  # noqa: E402,F401  (registers the "neuron" torch.distributed backend)
 
+from .migrate import _env  # noqa: E402,F401  (TORCHNEURON_TRANSFER_CUDA=1: the CUDA compatibility layer)

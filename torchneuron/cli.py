@@ -62,6 +62,48 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0 if result["match"] else 1
 
 
+def _add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``migrate`` subcommand."""
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories to rewrite")
+    parser.add_argument("--write", action="store_true", help="rewrite the files in place (default: show a diff)")
+
+
+def _run_migrate(args: argparse.Namespace) -> int:
+    """Rewrite CUDA-specific code; see torchneuron.migrate.rewrite."""
+    from torchneuron.migrate.rewrite import main as migrate
+
+    return migrate(args.paths, write=args.write)
+
+
+def _add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``script`` and its arguments (options before the script, or after it, belong to the tool)."""
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    parser.add_argument("script", help="the Python program to run")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="its arguments (after `--`, all of them, even ones named like ours)")
+
+
+def _add_parity_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``parity`` subcommand."""
+    parser.add_argument("--rtol", type=float, help="relative tolerance (default 1e-4; 2e-2 with autocast)")
+    parser.add_argument("--atol", type=float, help="absolute tolerance (default 1e-5; 1e-3 with autocast)")
+    _add_script_arguments(parser)
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    """Run a program on neuron and report ops, syncs, copies, memory and graph breaks."""
+    from torchneuron.migrate.doctor import main as doctor
+
+    return doctor(args.script, args.script_args, json_path=args.json)
+
+
+def _run_parity(args: argparse.Namespace) -> int:
+    """Run a program on the CPU and on neuron and compare its losses."""
+    from torchneuron.migrate.parity import main as parity
+
+    return parity(args.script, args.script_args, rtol=args.rtol, atol=args.atol, json_path=args.json)
+
+
 COMMANDS: list[Command] = [
     Command(
         "demo",
@@ -69,6 +111,12 @@ COMMANDS: list[Command] = [
         _add_demo_arguments,
         _run_demo,
     ),
+    Command("migrate", "rewrite CUDA-specific code into device-agnostic code (shows a diff; --write applies it)",
+            _add_migrate_arguments, _run_migrate),
+    Command("doctor", "run a program on neuron and report its ops, host-device syncs, copies, memory and "
+            "graph breaks", _add_script_arguments, _run_doctor),
+    Command("parity", "run a program on the CPU and on neuron and report the first loss that differs",
+            _add_parity_arguments, _run_parity),
 ]
 
 

@@ -1,0 +1,907 @@
+"""The CUDA compatibility layer: programs written for CUDA run on neuron unchanged.
+
+This module is the one place where torchneuron patches PyTorch. Every patch is
+an attribute replaced on a PyTorch object, listed in :data:`PATCHES`, applied by
+:func:`enable` and undone by :func:`disable` (which puts back the very objects
+it replaced).
+
+What the layer does:
+
+- ``"cuda"``, ``"cuda:N"`` and ``torch.device("cuda", N)`` given where PyTorch takes
+  a device (factories such as ``torch.zeros``, ``Tensor.to``, ``Module.to``,
+  ``Tensor.new_*``, ``torch.load(map_location=...)``, ``torch.Generator``,
+  ``torch.autocast``, ``torch.amp.GradScaler``, ``with torch.device(...)``,
+  ``torch.set_default_device``) mean ``neuron`` / ``neuron:N``. Checkpoints
+  saved on CUDA load onto neuron without a ``map_location``.
+- ``Tensor.cuda()`` moves to neuron; ``Tensor.is_cuda`` is true for neuron tensors.
+- ``torch.cuda.*`` (devices, memory, random, streams, events, ``nvtx``) answers
+  for neuron; ``torch.cuda.amp`` autocasts and scales on neuron (float16 by
+  default, as on CUDA).
+- ``init_process_group("nccl")`` uses the ``neuron`` c10d backend when one is
+  registered, else ``gloo``.
+
+Inside PyTorch itself (and torchneuron) ``torch.cuda.*`` and ``Tensor.is_cuda``
+keep telling the truth, so PyTorch never takes a CUDA-only path by mistake;
+only the program and its libraries see a CUDA device.
+
+The objects ``torch.device("cuda")`` builds stay CUDA devices: they are mapped
+where they are used, so ``device.type == "cuda"`` still holds for them while
+``tensor.device`` reports ``neuron``.
+
+Example::
+
+    >>> import torchneuron.transfer_to_neuron        # or: cuda_compat.enable()
+    >>> torch.zeros(2, device="cuda").device
+    device(type='neuron', index=0)
+    >>> torchneuron.migrate.cuda_compat.disable()    # everything as it was
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+__all__ = ["PATCHES", "Patch", "disable", "enable", "enabled", "is_enabled", "set_recorder", "target"]
+
+log = logging.getLogger("torchneuron")
+
+_Device = torch.device
+_OrigGenerator = torch.Generator
+# Modules whose calls see the truth about CUDA (no device) rather than the layer's answers.
+_INTERNAL_PREFIXES = ("torch.", "torchneuron.")
+_INTERNAL_NAMES = frozenset({"torch", "torchneuron"})
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute the layer replaces.
+
+    Args:
+        target: the dotted name of the replaced attribute, e.g. ``"torch.Tensor.to"``.
+        what: what the replacement does.
+    """
+
+    target: str
+    what: str
+
+
+# --------------------------------------------------------------------------------------
+# State
+# --------------------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_target: Optional[str] = None          # "neuron" or "cpu" while enabled
+_host_rng = False
+_int_is_cuda = False                   # with the CPU target, device=0 means cuda:0 too
+_MISSING = object()
+_saved: list[tuple[Any, str, Any]] = []  # (owner, name, original or _MISSING) in application order
+_jit_ids: list[int] = []
+_rng_mode: Any = None
+_recorder: Optional[Callable[[str], None]] = None
+_str_cache: dict[str, _Device] = {}
+_built: dict[tuple[int, str], tuple[Any, Any]] = {}  # (owner, name) -> (original, its replacement)
+
+
+def is_enabled() -> bool:
+    """Return whether the layer is on."""
+    return _target is not None
+
+
+def target() -> Optional[str]:
+    """Return the device type ``"cuda"`` stands for (``"neuron"`` or ``"cpu"``), or None when off."""
+    return _target
+
+
+def set_recorder(recorder: Optional[Callable[[str], None]]) -> Optional[Callable[[str], None]]:
+    """Call ``recorder(api)`` each time the program uses a CUDA API the layer translates.
+
+    ``api`` names the use, e.g. ``"torch.cuda.synchronize"`` or ``"Tensor.to('cuda')"``.
+    Used by ``torchneuron doctor``. Returns the previous recorder.
+
+    Args:
+        recorder: the callback, or None to stop recording.
+    """
+    global _recorder
+    previous, _recorder = _recorder, recorder
+    return previous
+
+
+def _note(api: str) -> None:
+    recorder = _recorder
+    if recorder is not None:
+        recorder(api)
+
+
+def _called_from_torch(depth: int) -> bool:
+    """Whether the frame ``depth`` levels above the caller belongs to PyTorch or torchneuron."""
+    try:
+        name = sys._getframe(depth + 1).f_globals.get("__name__") or ""
+    except ValueError:
+        return False
+    return name in _INTERNAL_NAMES or name.startswith(_INTERNAL_PREFIXES)
+
+
+# --------------------------------------------------------------------------------------
+# Device translation
+# --------------------------------------------------------------------------------------
+
+def _is_cuda(d: Any) -> bool:
+    cls = d.__class__
+    if cls is str:
+        return d.startswith("cuda")
+    if cls is _Device:
+        return d.type == "cuda"
+    return cls is int and _int_is_cuda
+
+
+def _map(d: Any, api: str) -> Any:
+    """Translate a CUDA device (str, torch.device or, for the CPU target, int) to the target."""
+    if torch.compiler.is_compiling():  # Dynamo is tracing the program: no cache, no notes
+        return _translate(_Device("cuda", d) if d.__class__ is int else _Device(d) if d.__class__ is str else d)
+    _note(api)
+    if d.__class__ is str:
+        out = _str_cache.get(d)
+        if out is None:
+            out = _str_cache[d] = _translate(_Device(d))
+        return out
+    if d.__class__ is int:
+        return _translate(_Device("cuda", d))
+    return _translate(d)
+
+
+def _translate(dev: _Device) -> _Device:
+    if _target == "cpu" or dev.type != "cuda":
+        return _Device("cpu") if dev.type == "cuda" else dev
+    return _Device(_target) if dev.index is None else _Device(_target, dev.index)
+
+
+def _map_if_cuda(d: Any, api: str) -> Any:
+    return _map(d, api) if _is_cuda(d) else d
+
+
+def _cuda_call_device(device: Any) -> _Device:
+    """The device ``Tensor.cuda(device)`` means: None is the current device, an int an index."""
+    if _target == "cpu":
+        return _Device("cpu")
+    if device is None:
+        return _Device(_target)
+    if isinstance(device, int) and not isinstance(device, bool):
+        return _Device(_target, device)
+    if _is_cuda(device):
+        return _translate(_Device(device) if isinstance(device, str) else device)
+    return _Device(device) if isinstance(device, str) else device
+
+
+def _device_type(device_type: Any, api: str) -> Any:
+    """Translate a device *type* string such as autocast's ``device_type``."""
+    if device_type.__class__ is str and device_type.startswith("cuda"):
+        _note(api)
+        return _target
+    if isinstance(device_type, _Device) and device_type.type == "cuda":
+        _note(api)
+        return _target
+    return device_type
+
+
+def _map_args(args: tuple, kwargs: dict, api: str) -> tuple[tuple, dict]:
+    """Translate every CUDA device among the arguments of a routed ``torch.cuda`` function."""
+    if any(_is_cuda(a) for a in args):
+        args = tuple(_map(a, api) if _is_cuda(a) else a for a in args)
+    for key, value in kwargs.items():
+        if _is_cuda(value):
+            kwargs[key] = _map(value, api)
+    return args, kwargs
+
+
+# --------------------------------------------------------------------------------------
+# Replacements: tensors and modules
+# --------------------------------------------------------------------------------------
+
+FACTORIES = (
+    "arange", "as_tensor", "asarray", "bartlett_window", "blackman_window", "empty", "empty_like",
+    "empty_permuted", "empty_strided", "eye", "full", "full_like", "hamming_window", "hann_window",
+    "kaiser_window", "linspace", "logspace", "normal", "ones", "ones_like", "rand", "rand_like",
+    "randint", "randint_like", "randn", "randn_like", "randperm", "range", "scalar_tensor",
+    "sparse_bsc_tensor", "sparse_bsr_tensor", "sparse_compressed_tensor", "sparse_coo_tensor",
+    "sparse_csc_tensor", "sparse_csr_tensor", "tensor", "tril_indices", "triu_indices", "zeros",
+    "zeros_like",
+)
+FFT_FACTORIES = ("fftfreq", "rfftfreq")
+TENSOR_FACTORIES = ("new_empty", "new_empty_strided", "new_full", "new_ones", "new_tensor", "new_zeros")
+
+
+def _factory(orig: Callable, api: str) -> Callable:
+    """Wrap a function whose ``device=`` keyword may name CUDA."""
+
+    @functools.wraps(orig)
+    def factory(*args, **kwargs):
+        if kwargs:
+            d = kwargs.get("device")
+            if d is not None:
+                cls = d.__class__
+                if (cls is str and d.startswith("cuda")) or (cls is _Device and d.type == "cuda") or (
+                        cls is int and _int_is_cuda):
+                    kwargs["device"] = _map(d, api)
+        return orig(*args, **kwargs)
+
+    factory._torchneuron_compat = True
+    return factory
+
+
+def _to(orig: Callable, api: str) -> Callable:
+    """Wrap ``Tensor.to`` / ``Module.to``: the device may come first or as ``device=``."""
+
+    @functools.wraps(orig)
+    def to(self, *args, **kwargs):
+        if args:
+            d = args[0]
+            cls = d.__class__
+            if (cls is str and d.startswith("cuda")) or (cls is _Device and d.type == "cuda") or (
+                    cls is int and _int_is_cuda):
+                args = (_map(d, api),) + args[1:]
+        if kwargs:
+            d = kwargs.get("device")
+            if d is not None and _is_cuda(d):
+                kwargs["device"] = _map(d, api)
+        return orig(self, *args, **kwargs)
+
+    to._torchneuron_compat = True
+    return to
+
+
+def _make_tensor_cuda(orig_to: Callable) -> Callable:
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        """Return this tensor on the neuron device standing in for CUDA (see ``torch.Tensor.cuda``)."""
+        _note("Tensor.cuda()")
+        return orig_to(self, _cuda_call_device(device), non_blocking=non_blocking, memory_format=memory_format)
+
+    return cuda
+
+
+def _make_is_cuda(orig_get: Callable) -> property:
+    def is_cuda(self):
+        if orig_get(self):
+            return True
+        if self.device.type != _target or _called_from_torch(1):
+            return False
+        _note("Tensor.is_cuda")
+        return True
+
+    return property(is_cuda, doc="Is ``True`` if the tensor is on CUDA or on the device standing in for it.")
+
+
+# --------------------------------------------------------------------------------------
+# Replacements: serialization, generators, autocast, scaler, default device
+# --------------------------------------------------------------------------------------
+
+def _restore_cuda_location(storage, location: str):
+    if location.startswith("cuda"):
+        _note("torch.load(CUDA checkpoint)")
+        return torch.serialization.default_restore_location(storage, str(_translate(_Device(location))))
+    return None
+
+
+def _map_location(m: Any) -> Any:
+    if m is None:
+        return _restore_cuda_location
+    if _is_cuda(m):
+        return _map(m, "torch.load(map_location='cuda')")
+    if isinstance(m, dict):
+        table = dict(m)
+
+        def restore_mapped(storage, location):
+            loc = table.get(location, location)
+            loc = str(loc) if isinstance(loc, _Device) else loc
+            if loc.startswith("cuda"):
+                _note("torch.load(map_location={...})")
+                loc = str(_translate(_Device(loc)))
+            return torch.serialization.default_restore_location(storage, loc)
+
+        return restore_mapped
+    if callable(m) and not isinstance(m, (str, _Device)):
+        user = m
+
+        def restore(storage, location):
+            result = user(storage, location)
+            return _restore_cuda_location(storage, location) if result is None else result
+
+        return restore
+    return m
+
+
+def _make_load(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def load(f, map_location=None, *args, **kwargs):
+        return orig(f, _map_location(map_location), *args, **kwargs)
+
+    return load
+
+
+class _GeneratorMeta(type):
+    """``torch.Generator`` stand-in: builds real generators, with CUDA devices translated."""
+
+    def __call__(cls, device: Any = "cpu") -> torch.Generator:
+        return _OrigGenerator(_map_if_cuda(device, "torch.Generator('cuda')"))
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _OrigGenerator)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _OrigGenerator)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(_OrigGenerator, name)
+
+
+class Generator(metaclass=_GeneratorMeta):
+    __doc__ = _OrigGenerator.__doc__
+
+
+def _make_autocast_init(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        mapped = _device_type(device_type, "torch.autocast('cuda')")
+        if mapped is not device_type and dtype is None:
+            dtype = torch.float16  # CUDA's default, whatever the target's is
+        orig(self, mapped, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return __init__
+
+
+def _make_scaler_init(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def __init__(self, device="cuda", *args, **kwargs):
+        orig(self, _device_type(device, "torch.amp.GradScaler('cuda')"), *args, **kwargs)
+
+    return __init__
+
+
+def _make_device_context_init(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def __init__(self, device):
+        orig(self, _map_if_cuda(device, "torch.device('cuda') as default device"))
+
+    return __init__
+
+
+def _make_fork_rng(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def fork_rng(*args, **kwargs):
+        device_type = kwargs.get("device_type")
+        if device_type is not None and _is_cuda(device_type):
+            _note("torch.random.fork_rng(device_type='cuda')")
+            if _target == "cpu" or _host_rng:
+                kwargs.pop("device_type")
+                kwargs["devices"] = []
+            else:
+                kwargs["device_type"] = _target
+        return orig(*args, **kwargs)
+
+    return fork_rng
+
+
+def _make_autocast_query(orig: Callable, api: str) -> Callable:
+    @functools.wraps(orig)
+    def query(*args, **kwargs):
+        if "device_type" in kwargs:
+            kwargs["device_type"] = _device_type(kwargs["device_type"], api)
+        elif not args:  # the old no-argument form asks about CUDA
+            return orig(_target)
+        else:
+            args = (_device_type(args[0], api),) + args[1:]
+        return orig(*args, **kwargs)
+
+    query._torchneuron_compat = True
+    return query
+
+
+# --------------------------------------------------------------------------------------
+# Replacements: torch.distributed
+# --------------------------------------------------------------------------------------
+
+def _backend_for_nccl() -> str:
+    if _target == "cpu":
+        return "gloo"
+    import torch.distributed as dist
+
+    return "neuron" if "neuron" in dist.Backend.backend_list else "gloo"
+
+
+def _map_backend(backend: Any) -> Any:
+    if not isinstance(backend, str) or "nccl" not in backend.lower():
+        return backend
+    _note("init_process_group('nccl')")
+    chosen = _backend_for_nccl()
+    if ":" not in backend:
+        return chosen
+    pairs: dict[str, str] = {}
+    for item in backend.split(","):
+        dev, _, name = item.partition(":")
+        dev = _target if dev.strip() == "cuda" else dev.strip()
+        name = chosen if name.strip().lower() == "nccl" else name.strip()
+        pairs.setdefault(dev, name)
+    return ",".join(f"{d}:{b}" for d, b in pairs.items())
+
+
+def _make_backend_taker(orig: Callable, position: int) -> Callable:
+    @functools.wraps(orig)
+    def call(*args, **kwargs):
+        if len(args) > position:
+            args = args[:position] + (_map_backend(args[position]),) + args[position + 1:]
+        if "backend" in kwargs:
+            kwargs["backend"] = _map_backend(kwargs["backend"])
+        return orig(*args, **kwargs)
+
+    return call
+
+
+# --------------------------------------------------------------------------------------
+# torch.cuda routed to torch.neuron (or to the CPU)
+# --------------------------------------------------------------------------------------
+
+CUDA_FUNCTIONS = (
+    "current_device", "current_stream", "default_stream", "device_count", "empty_cache",
+    "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state",
+    "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized",
+    "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
+    "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
+)
+CUDA_CLASSES = ("Event", "Stream", "StreamContext", "device", "device_of")
+NVTX_FUNCTIONS = ("mark", "range", "range_end", "range_pop", "range_push", "range_start")
+
+
+def _cpu_standins() -> dict[str, Callable]:
+    """What ``torch.cuda.<name>`` does when CUDA stands for the CPU.
+
+    Questions about the device get neuron's answers, so the program takes the same
+    paths as on neuron; work and randomness are the CPU's.
+    """
+    neuron = torch.neuron
+    zero = lambda *a, **k: 0  # noqa: E731
+    nothing = lambda *a, **k: None  # noqa: E731
+    return {
+        "current_device": lambda: 0,
+        "device_count": neuron.device_count,
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "init": nothing,
+        "set_device": nothing,
+        "synchronize": nothing,
+        "empty_cache": nothing,
+        "get_device_capability": lambda device=None: neuron.get_device_capability(),
+        "get_device_name": lambda device=None: neuron.get_device_name(),
+        "get_device_properties": lambda device=None: neuron.get_device_properties(),
+        "is_bf16_supported": neuron.is_bf16_supported,
+        "mem_get_info": lambda device=None: neuron.mem_get_info(),
+        "memory_allocated": zero, "max_memory_allocated": zero,
+        "memory_reserved": zero, "max_memory_reserved": zero,
+        "memory_stats": lambda *a, **k: {},
+        "memory_summary": lambda *a, **k: "",
+        "reset_accumulated_memory_stats": nothing, "reset_max_memory_allocated": nothing,
+        "reset_peak_memory_stats": nothing,
+        **_host_random(),
+        "current_stream": lambda device=None: neuron.current_stream(),
+        "default_stream": lambda device=None: neuron.default_stream(),
+        "set_stream": nothing,
+        "stream": lambda s: contextlib.nullcontext(),
+    }
+
+
+def _host_random() -> dict[str, Callable]:
+    """``torch.cuda`` random functions acting on the CPU generator (the CPU target and ``host_rng``)."""
+
+    def manual_seed(seed: int) -> None:
+        torch.random.manual_seed(seed)
+
+    def seed() -> None:
+        torch.random.seed()
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        return torch.random.get_rng_state()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        torch.random.set_rng_state(new_state)
+
+    def set_rng_state_all(new_states: Any) -> None:
+        for state in new_states:
+            torch.random.set_rng_state(state)
+
+    return {
+        "manual_seed": manual_seed, "manual_seed_all": manual_seed, "seed": seed, "seed_all": seed,
+        "initial_seed": torch.random.initial_seed, "get_rng_state": get_rng_state,
+        "get_rng_state_all": lambda: [torch.random.get_rng_state()], "set_rng_state": set_rng_state,
+        "set_rng_state_all": set_rng_state_all,
+    }
+
+
+# torch.cuda questions whose answers are constant: folded into graphs under torch.compile.
+_QUERIES = frozenset({"current_device", "device_count", "get_device_capability", "get_device_name",
+                      "get_device_properties", "is_available", "is_bf16_supported", "is_initialized"})
+
+
+def _routed(name: str, orig: Callable) -> Callable:
+    """``torch.cuda.<name>``: the target's answer for the program, the original inside PyTorch.
+
+    Under ``torch.compile`` the program's calls are answered too: Dynamo either
+    traces this function (``is_compiling()`` is then true) or, taking it for PyTorch's
+    own, calls it from ``torch._dynamo.variables`` to fold its result into the graph.
+    No ``__wrapped__`` is set, so Dynamo does not see through to the original.
+    """
+    api = f"torch.cuda.{name}"
+
+    def current(*args, **kwargs):
+        return _cuda_replacement(name)(*args, **kwargs)
+
+    if name in _QUERIES:
+        # What torch.compiler.assume_constant_result does, without importing Dynamo (1-2 s) at enable().
+        current._dynamo_marked_constant = True
+    folded = current
+
+    def routed(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return folded(*args, **kwargs)
+        if _called_from_torch(1) and not _called_from_dynamo_folding(1):
+            return orig(*args, **kwargs)
+        _note(api)
+        if _target != "cpu":
+            args, kwargs = _map_args(args, kwargs, api)
+        return _cuda_replacement(name)(*args, **kwargs)
+
+    routed.__name__, routed.__qualname__, routed.__doc__ = orig.__name__, orig.__qualname__, orig.__doc__
+    routed.__module__ = orig.__module__
+    routed._torchneuron_compat = True
+    return routed
+
+
+def _called_from_dynamo_folding(depth: int) -> bool:
+    """Whether the caller is Dynamo evaluating, on behalf of traced code, a function it takes for PyTorch's."""
+    try:
+        name = sys._getframe(depth + 1).f_globals.get("__name__") or ""
+    except ValueError:
+        return False
+    return name.startswith("torch._dynamo.variables")
+
+
+def _index(device: Any) -> Any:
+    """A device argument of a ``torch.cuda`` class, translated for ``torch.neuron``."""
+    if _target == "cpu" or device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    return _map_if_cuda(device, "torch.cuda device argument")
+
+
+def _cuda_classes() -> dict[str, Any]:
+    neuron = torch.neuron
+    on_neuron = type(neuron.Stream)
+
+    class Stream(metaclass=on_neuron):
+        """``torch.cuda.Stream`` standing for a stream of the neuron device."""
+
+        _generic = torch.Stream
+
+        def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> torch.Stream:
+            _note("torch.cuda.Stream")
+            return neuron.Stream(_index(device), priority=priority)
+
+    class Event(metaclass=on_neuron):
+        """``torch.cuda.Event`` standing for an event of the neuron device."""
+
+        _generic = torch.Event
+
+        def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                    **kwargs: Any) -> torch.Event:
+            _note("torch.cuda.Event")
+            return neuron.Event(enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+    class device(neuron.device):
+        """``torch.cuda.device``: makes a neuron device current."""
+
+        def __init__(self, device: Any):
+            _note("torch.cuda.device")
+            super().__init__(_index(device))
+
+    class device_of(neuron.device):
+        """``torch.cuda.device_of``: makes the device of a tensor current."""
+
+        def __init__(self, obj: torch.Tensor):
+            _note("torch.cuda.device_of")
+            super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+
+    class StreamContext(neuron.StreamContext):
+        """``torch.cuda.StreamContext`` on neuron streams."""
+
+    return {"Stream": Stream, "Event": Event, "device": device, "device_of": device_of,
+            "StreamContext": StreamContext}
+
+
+class _NvtxRanges:
+    """``torch.cuda.nvtx`` as ``torch.profiler.record_function`` ranges (seen by the profiler)."""
+
+    def __init__(self) -> None:
+        self._stack: list[Any] = []
+
+    def range_push(self, msg: str) -> int:
+        rf = torch.profiler.record_function(msg)
+        rf.__enter__()
+        self._stack.append(rf)
+        return len(self._stack) - 1
+
+    def range_pop(self) -> int:
+        if not self._stack:
+            return -1
+        self._stack.pop().__exit__(None, None, None)
+        return len(self._stack)
+
+    def range_start(self, msg: str) -> int:
+        return self.range_push(msg)
+
+    def range_end(self, range_id: int) -> None:
+        self.range_pop()
+
+    def mark(self, msg: str) -> None:
+        with torch.profiler.record_function(msg):
+            pass
+
+    @contextlib.contextmanager
+    def range(self, msg: str, *args: Any, **kwargs: Any) -> Iterator[None]:
+        with torch.profiler.record_function(msg.format(*args, **kwargs) if (args or kwargs) else msg):
+            yield
+
+
+# --------------------------------------------------------------------------------------
+# The patch table
+# --------------------------------------------------------------------------------------
+
+def _patch_table() -> list[tuple[Any, str, str, Callable[[Any], Any]]]:
+    """Every patch as (owner object, attribute, description, make(original) -> replacement)."""
+    import torch.amp.grad_scaler
+    import torch.cuda.nvtx
+    import torch.distributed as dist
+    import torch.utils._device
+
+    T = torch.Tensor
+    table: list[tuple[Any, str, str, Callable[[Any], Any]]] = []
+    for name in FACTORIES:
+        if hasattr(torch, name):
+            table.append((torch, name, "device='cuda' means the neuron device",
+                          lambda orig, n=name: _factory(orig, f"torch.{n}(device='cuda')")))
+    for name in FFT_FACTORIES:
+        table.append((torch.fft, name, "device='cuda' means the neuron device",
+                      lambda orig, n=name: _factory(orig, f"torch.fft.{n}(device='cuda')")))
+    for name in TENSOR_FACTORIES:
+        table.append((T, name, "device='cuda' means the neuron device",
+                      lambda orig, n=name: _factory(orig, f"Tensor.{n}(device='cuda')")))
+    table += [
+        (T, "to", "Tensor.to('cuda') moves to neuron", lambda orig: _to(orig, "Tensor.to('cuda')")),
+        (T, "cuda", "Tensor.cuda(i) moves to neuron:i", lambda orig: _make_tensor_cuda(torch._C.TensorBase.to)),
+        (T, "is_cuda", "true for neuron tensors (false inside PyTorch)",
+         lambda orig: _make_is_cuda(torch._C.TensorBase.is_cuda.__get__)),
+        (torch.nn.Module, "to", "Module.to('cuda') moves to neuron (Module.cuda() uses Tensor.cuda)",
+         lambda orig: _to(orig, "Module.to('cuda')")),
+        (torch.nn.Module, "to_empty", "Module.to_empty(device='cuda') allocates on neuron",
+         lambda orig: _factory(orig, "Module.to_empty(device='cuda')")),
+        (torch, "load", "map_location 'cuda' means neuron; CUDA checkpoints load onto neuron",
+         _make_load),
+        (torch, "Generator", "torch.Generator('cuda') is a neuron generator", lambda orig: Generator),
+        (torch.amp.autocast_mode.autocast, "__init__",
+         "torch.autocast('cuda') (and torch.cuda.amp.autocast) autocasts on neuron, float16 by default",
+         _make_autocast_init),
+        (torch.amp.grad_scaler.GradScaler, "__init__",
+         "GradScaler('cuda') (the default, and torch.cuda.amp.GradScaler) scales on neuron",
+         _make_scaler_init),
+        (torch, "is_autocast_enabled", "'cuda' (or no argument) asks about neuron",
+         lambda orig: _make_autocast_query(orig, "torch.is_autocast_enabled('cuda')")),
+        (torch, "get_autocast_dtype", "'cuda' asks about neuron",
+         lambda orig: _make_autocast_query(orig, "torch.get_autocast_dtype('cuda')")),
+        (torch, "get_autocast_gpu_dtype", "answers for neuron",
+         lambda orig: functools.wraps(orig)(lambda: torch.get_autocast_dtype(_target))),
+        (torch.utils._device.DeviceContext, "__init__",
+         "with torch.device('cuda') / torch.set_default_device('cuda') use neuron",
+         _make_device_context_init),
+        (torch.random, "fork_rng", "device_type='cuda' forks neuron's generators", _make_fork_rng),
+    ]
+    if dist.is_available():
+        table += [
+            (dist, "init_process_group", "backend 'nccl' means 'neuron' if registered, else 'gloo'",
+             lambda orig: _make_backend_taker(orig, 0)),
+            (dist, "new_group", "backend 'nccl' means 'neuron' if registered, else 'gloo'",
+             lambda orig: _make_backend_taker(orig, 2)),
+        ]
+    classes = _cuda_classes()
+    for name in CUDA_FUNCTIONS:
+        table.append((torch.cuda, name, "answers for neuron (the original inside PyTorch)",
+                      lambda orig, n=name: _routed(n, orig)))
+    for name in CUDA_CLASSES:
+        table.append((torch.cuda, name, "the neuron equivalent", lambda orig, c=classes[name]: c))
+    nvtx = _NvtxRanges()
+    for name in NVTX_FUNCTIONS:
+        table.append((torch.cuda.nvtx, name, "a torch.profiler.record_function range",
+                      lambda orig, n=name: getattr(nvtx, n)))
+    return table
+
+
+_replacements: dict[str, Callable] = {}
+
+
+def _cuda_replacement(name: str) -> Callable:
+    """What ``torch.cuda.<name>`` does for the program with the current target."""
+    fn = _replacements.get(name)
+    if fn is None:
+        if _target == "cpu":
+            fn = _cpu_standins()[name]
+        elif _host_rng and name in _HOST_RANDOM_NAMES:
+            fn = _host_random()[name]
+        else:
+            fn = getattr(torch.neuron, name)
+        _replacements[name] = fn
+    return fn
+
+
+_HOST_RANDOM_NAMES = frozenset({"manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+                                "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all"})
+
+
+def _owner_name(owner: Any) -> str:
+    public = {torch.Tensor: "torch.Tensor", torch.nn.Module: "torch.nn.Module",
+              torch.amp.autocast_mode.autocast: "torch.amp.autocast"}
+    if owner in public:
+        return public[owner]
+    if isinstance(owner, type(sys)):
+        return owner.__name__
+    if owner.__name__ == "GradScaler":
+        return "torch.amp.GradScaler"
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
+def _describe() -> tuple[Patch, ...]:
+    return tuple(Patch(f"{_owner_name(owner)}.{attr}", what) for owner, attr, what, _ in _patch_table())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PATCHES":  # computed on use: the table needs torch.neuron, loaded after this module
+        return _describe()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------
+# enable / disable
+# --------------------------------------------------------------------------------------
+
+def enable(device: str = "neuron", *, host_rng: bool = False) -> None:
+    """Turn the layer on: from now on CUDA means ``device``.
+
+    Args:
+        device: ``"neuron"`` (default), or ``"cpu"`` to run a CUDA program on the CPU
+            (the reference run of ``torchneuron parity``).
+        host_rng: draw the random numbers of device ops from the CPU generator, and
+            make ``torch.cuda.manual_seed`` seed it, so that a neuron run draws exactly
+            the numbers a CPU run draws (used by ``torchneuron parity``).
+
+    Calling it again with other arguments re-applies the layer; with the same, does nothing.
+    """
+    global _target, _host_rng, _int_is_cuda, _rng_mode
+    if device not in ("neuron", "cpu"):
+        raise ValueError(f"cuda_compat.enable: device must be 'neuron' or 'cpu', got {device!r}")
+    with _lock:
+        if _target is not None:
+            if (_target, _host_rng) == (device, host_rng):
+                return
+            disable()
+        # Build PyTorch's lazy tables from the originals before anything is replaced:
+        # TorchScript's builtin table and the factory set of `with torch.device(...)`.
+        import torch.jit._builtins
+        import torch.utils._device
+
+        torch.jit._builtins._get_builtin_table()
+        torch.utils._device._device_constructors()
+        _dynamo_tables(build=True)
+        _target, _host_rng, _int_is_cuda = device, host_rng, device == "cpu"
+        _str_cache.clear()
+        _replacements.clear()
+        try:
+            for owner, attr, _, make in _patch_table():
+                # A class attribute it inherits is deleted again on disable, not copied down.
+                original = (owner.__dict__.get(attr, _MISSING) if isinstance(owner, type)
+                            else getattr(owner, attr))
+                current = getattr(owner, attr)
+                # The same replacement object every time: tables that captured it (Dynamo's) stay valid.
+                built = _built.get((id(owner), attr))
+                if built is None or built[0] is not current:
+                    built = _built[(id(owner), attr)] = (current, make(current))
+                replacement = built[1]
+                setattr(owner, attr, replacement)
+                _saved.append((owner, attr, original))
+                if owner is torch and getattr(replacement, "_torchneuron_compat", False):
+                    # TorchScript resolves torch.<fn> by identity: teach it the wrapper.
+                    torch.jit._builtins._register_builtin(replacement, f"aten::{attr}")
+                    _jit_ids.append(id(replacement))
+            if host_rng and device == "neuron":
+                from .host_rng import HostRNGMode
+
+                _rng_mode = HostRNGMode()
+                _rng_mode.__enter__()
+        except BaseException:
+            disable()
+            raise
+    log.info("CUDA compatibility layer on: cuda -> %s (%d patches)", device, len(_saved))
+
+
+def disable() -> None:
+    """Turn the layer off, putting back every replaced attribute."""
+    global _target, _host_rng, _int_is_cuda, _rng_mode
+    with _lock:
+        if _rng_mode is not None:
+            _rng_mode.__exit__(None, None, None)
+            _rng_mode = None
+        table = torch.jit._builtins._get_builtin_table() if _jit_ids else {}
+        for i in _jit_ids:
+            table.pop(i, None)
+        _jit_ids.clear()
+        while _saved:
+            owner, attr, original = _saved.pop()
+            if original is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+        _target, _host_rng, _int_is_cuda = None, False, False
+        _str_cache.clear()
+        _replacements.clear()
+        _dynamo_tables(build=False)
+
+
+def _dynamo_tables(build: bool) -> None:
+    """Build (or forget) Dynamo's table of torch functions, which is keyed by the objects themselves.
+
+    Built from the originals before patching, it makes Dynamo trace through the
+    replacements to originals it knows. If Dynamo is first imported while the layer
+    is on, it records the replacements instead, which stay the same objects for the
+    life of the process; ``disable`` makes it forget them.
+    """
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    fn = getattr(rules, "get_torch_obj_rule_map", None)
+    if fn is None:
+        return
+    if build:
+        fn()
+    elif hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+
+
+@contextlib.contextmanager
+def enabled(device: str = "neuron", *, host_rng: bool = False) -> Iterator[None]:
+    """Context manager: the layer on inside, as it was outside.
+
+    Example::
+
+        >>> with cuda_compat.enabled():
+        ...     x = torch.ones(2).cuda()
+    """
+    previous = (_target, _host_rng)
+    enable(device, host_rng=host_rng)
+    try:
+        yield
+    finally:
+        if previous[0] is None:
+            disable()
+        else:
+            enable(previous[0], host_rng=previous[1])
+
+
+def enable_from_env() -> None:
+    """Turn the layer on if ``TORCHNEURON_TRANSFER_CUDA`` asks for it (``1``/``neuron``, or ``cpu``)."""
+    import os
+
+    value = os.environ.get("TORCHNEURON_TRANSFER_CUDA", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return
+    enable("cpu" if value == "cpu" else "neuron")
