@@ -1,0 +1,213 @@
+"""all_reduce bandwidth: neuron tensors (the neuron backend) versus CPU tensors (gloo), 2 processes.
+
+    python benchmarks/bench_allreduce.py              # 1 KiB .. 256 MiB
+    python benchmarks/bench_allreduce.py --quick      # 1 KiB .. 4 MiB, fewer rounds
+    torchrun --nproc-per-node 2 benchmarks/bench_allreduce.py   # under a launcher of your own
+
+Run plainly, the script starts its own worker processes on 127.0.0.1. The
+workers open one process group, ``"cpu:gloo,neuron:neuron"``: CPU tensors go
+to a plain gloo backend and neuron tensors to the neuron backend, which runs
+gloo on the device memory itself. For each size the two alternate round by
+round (which goes first alternates too); a round times ``inner`` float32
+``all_reduce(SUM)`` calls. Times are the slowest rank's, figures are medians
+over rounds, and the ratio is neuron bandwidth / CPU bandwidth in the same
+round (target >= 0.95). Bandwidth is the bus bandwidth of nccl-tests:
+bytes / time * 2 (n - 1) / n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+if __package__ in (None, ""):
+    _root = str(Path(__file__).resolve().parent.parent)
+    if _root not in sys.path:
+        sys.path.append(_root)
+
+TARGET = 0.95
+KIB, MIB = 1 << 10, 1 << 20
+FULL_MAX, QUICK_MAX = 256 * MIB, 4 * MIB
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_allreduce.json"
+
+
+def _sizes(max_bytes: int) -> list[int]:
+    sizes, size = [], KIB
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    return sizes
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // MIB} MiB" if n >= MIB else f"{n // KIB} KiB"
+
+
+def _fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.2f} {unit}"
+    return f"{s * 1e9:.0f} ns"
+
+
+# ---- worker --------------------------------------------------------------------------------------------
+
+def _time_round(tensor, inner: int) -> float:
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    for _ in range(inner):
+        dist.all_reduce(tensor)
+    return (time.perf_counter() - start) / inner
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import torchneuron  # noqa: F401  (registers the neuron device and backend)
+
+    dist.init_process_group("cpu:gloo,neuron:neuron")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("neuron", torch.neuron.current_device())
+    rows = []
+    for size in _sizes(args.max_bytes):
+        n = size // 4
+        tensors = {"cpu": torch.zeros(n), "neuron": torch.zeros(n, device=device)}  # sums stay 0
+        for t in tensors.values():
+            _time_round(t, 2)
+        # Calls per round: about round_ms of work, agreed on by all ranks.
+        per_call = _time_round(tensors["cpu"], 3)
+        inner = torch.tensor([max(1, min(1000, round(args.round_ms * 1e-3 / max(per_call, 1e-9))))])
+        dist.broadcast(inner, 0)
+        inner = int(inner)
+        samples = {"cpu": [], "neuron": []}
+        for r in range(args.warmup + args.rounds):
+            order = ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu")
+            for label in order:
+                t = _time_round(tensors[label], inner)
+                if r >= args.warmup:
+                    samples[label].append(t)
+        # Each round's time is that of the slowest rank.
+        stacked = torch.tensor([samples["cpu"], samples["neuron"]], dtype=torch.float64)
+        dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+        cpu_s, neuron_s = stacked.tolist()
+        busbw = lambda s: size / s * 2 * (world - 1) / world / 1e9  # noqa: E731  (GB/s)
+        ratios = [c / x for c, x in zip(cpu_s, neuron_s)]  # neuron bandwidth / cpu bandwidth
+        row = {"bytes": size, "inner": inner, "cpu_median_s": statistics.median(cpu_s),
+               "neuron_median_s": statistics.median(neuron_s), "cpu_busbw_gbs": busbw(statistics.median(cpu_s)),
+               "neuron_busbw_gbs": busbw(statistics.median(neuron_s)), "ratio": statistics.median(ratios),
+               "cpu_rounds_s": cpu_s, "neuron_rounds_s": neuron_s}
+        row["ok"] = row["ratio"] >= TARGET
+        rows.append(row)
+        if rank == 0:
+            print(f"  {_fmt_size(size)}: cpu {row['cpu_busbw_gbs']:.3f} GB/s  neuron {row['neuron_busbw_gbs']:.3f}"
+                  f" GB/s  ratio {row['ratio']:.3f}  (inner {inner})", file=sys.stderr, flush=True)
+        del tensors
+    if rank == 0:
+        table = _table(rows, world)
+        print(table, flush=True)
+        if not args.no_json:
+            _write_json(Path(args.json), rows, args, world)
+            print(f"JSON: {args.json}", flush=True)
+    dist.destroy_process_group()
+    return 1 if args.strict and not all(r["ok"] for r in rows) else 0
+
+
+def _table(rows: list[dict], world: int) -> str:
+    header = ["size", "cpu (gloo) median", "neuron median", "cpu busbw", "neuron busbw", "ratio", "target", "ok"]
+    body = [[_fmt_size(r["bytes"]), _fmt_time(r["cpu_median_s"]), _fmt_time(r["neuron_median_s"]),
+             f"{r['cpu_busbw_gbs']:.3f} GB/s", f"{r['neuron_busbw_gbs']:.3f} GB/s", f"{r['ratio']:.3f}",
+             f">= {TARGET:.2f}", "yes" if r["ok"] else "NO"] for r in rows]
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join([cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+
+    passed = sum(r["ok"] for r in rows)
+    return "\n".join([f"all_reduce(SUM, float32), {world} processes on 127.0.0.1",
+                      line(header), line(["-" * w for w in widths]), *(line(b) for b in body),
+                      "ratio = median over rounds of neuron bandwidth / cpu bandwidth in the same round; "
+                      f"{passed} of {len(rows)} sizes within target."])
+
+
+def _write_json(path: Path, rows: list[dict], args: argparse.Namespace, world: int) -> None:
+    import platform
+
+    import torch
+
+    payload = {
+        "suite": "allreduce",
+        "description": "all_reduce bus bandwidth, neuron tensors (neuron backend) vs CPU tensors (gloo)",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "settings": {"world_size": world, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
+                     "max_bytes": args.max_bytes, "target": TARGET},
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "results": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+# ---- launcher ------------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(argv: list[str], world: int) -> int:
+    """Start ``world`` workers of this script on 127.0.0.1 and wait for them."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("TORCHNEURON_NUM_DEVICES", str(max(world, int(os.environ.get("TORCHNEURON_NUM_DEVICES", "2")))))
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], env=env,
+                                      stdout=None if rank == 0 else subprocess.DEVNULL))
+    codes = [p.wait() for p in procs]
+    return max(codes, key=abs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"sizes up to {_fmt_size(QUICK_MAX)}, 5 rounds")
+    parser.add_argument("--max-size", type=str, default=None, help="largest size, e.g. 64MiB (default 256MiB)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per device (default 15, quick 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per device (default 1)")
+    parser.add_argument("--round-ms", type=float, default=None, help="target length of a round (default 50, quick 20)")
+    parser.add_argument("--nproc", type=int, default=2, help="worker processes when self-launched (default 2)")
+    parser.add_argument("--json", default=str(RESULTS), help=f"JSON output (default {RESULTS})")
+    parser.add_argument("--no-json", action="store_true", help="do not write JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a size misses the target")
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        return _launch(argv, args.nproc)
+    if args.max_size:
+        text = args.max_size.strip().lower().replace("ib", "").replace("b", "")
+        scale = {"k": KIB, "m": MIB, "g": 1 << 30}.get(text[-1], 1)
+        args.max_bytes = int(float(text.rstrip("kmg")) * scale)
+    else:
+        args.max_bytes = QUICK_MAX if args.quick else FULL_MAX
+    args.rounds = args.rounds or (5 if args.quick else 15)
+    args.round_ms = args.round_ms or (20.0 if args.quick else 50.0)
+    return _worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
