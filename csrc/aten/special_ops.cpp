@@ -5,6 +5,8 @@
 #include "neuron.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 namespace torchneuron {
@@ -134,7 +136,34 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input, double
   return {adopt(output, d), adopt(mask, d)};
 }
 
+// scaled_dot_product_attention asks each device which fused kernel to use;
+// without an answer an accelerator gets the slow math path. Neuron answers as
+// the CPU would for the same tensors, so it runs the CPU's fused kernels.
+int64_t fusedSdpChoice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                       std::optional<double> scale, bool enable_gqa) {
+  // The CPU's choice depends on which inputs require grad: the aliases say so too.
+  auto same = [](const at::Tensor& t) {
+    if (!t.requires_grad()) return onCpu(t);
+    at::Tensor alias = onCpu(t).detach();  // a tensor of its own, not a pooled alias
+    alias.set_requires_grad(true);
+    return alias;
+  };
+  std::optional<at::Tensor> mask;
+  if (attn_mask && attn_mask->defined()) mask = same(*attn_mask);
+  return at::_fused_sdp_choice(same(query), same(key), same(value), mask, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
 }  // namespace
+
+}  // namespace torchneuron
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fusedSdpChoice)
+}  // namespace at::native
+
+namespace torchneuron {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution));
