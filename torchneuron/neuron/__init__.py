@@ -217,4 +217,3 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
-from .. import compile as _compile  # noqa: E402,F401  (applies TORCHNEURON_CACHE_DIR and TORCHNEURON_COMPILE_LOG; loads no compiler)
