@@ -49,6 +49,7 @@ def _register() -> None:
 _register()
 
 from . import neuron  # noqa: E402
+from . import compile as _compile  # noqa: E402,F401  (TORCHNEURON_CACHE_DIR, TORCHNEURON_COMPILE_LOG; loads no compiler)
 from . import distributed  # noqa: E402,F401  (registers the "neuron" torch.distributed backend)
 
 from .migrate import _env  # noqa: E402,F401  (TORCHNEURON_TRANSFER_CUDA=1: the CUDA compatibility layer)

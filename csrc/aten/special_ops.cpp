@@ -138,21 +138,14 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input, double
 
 // scaled_dot_product_attention asks each device which fused kernel to use;
 // without an answer an accelerator gets the slow math path. Neuron answers as
-// the CPU would for the same tensors, so it runs the CPU's fused kernels.
+// the CPU would for the same tensors (the choice reads only their metadata, so
+// it works on the fake tensors of torch.compile too), and runs the CPU's
+// fused kernels.
 int64_t fusedSdpChoice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                        std::optional<double> scale, bool enable_gqa) {
-  // The CPU's choice depends on which inputs require grad: the aliases say so too.
-  auto same = [](const at::Tensor& t) {
-    if (!t.requires_grad()) return onCpu(t);
-    at::Tensor alias = onCpu(t).detach();  // a tensor of its own, not a pooled alias
-    alias.set_requires_grad(true);
-    return alias;
-  };
-  std::optional<at::Tensor> mask;
-  if (attn_mask && attn_mask->defined()) mask = same(*attn_mask);
-  return at::_fused_sdp_choice(same(query), same(key), same(value), mask, dropout_p, is_causal, scale,
-                               enable_gqa);
+  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value,
+                                                attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 }  // namespace

@@ -216,4 +216,3 @@ def __getattr__(name: str) -> Any:
         return getattr(inductor, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
-

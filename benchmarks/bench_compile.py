@@ -1,0 +1,446 @@
+"""torch.compile: MLP and small-GPT training steps and inference, compiled and eager, neuron versus CPU.
+
+Each workload runs in five variants, timed in the same interleaved rounds (the
+order rotates each round, so load drift hits all of them alike):
+
+  CPU eager, CPU compiled (``torch.compile``, PyTorch's default backend Inductor),
+  neuron eager, neuron compiled with the default backend, neuron compiled with
+  ``backend="neuron"``.
+
+The main table gives, like the other suites, ratios neuron / CPU of the same
+program: eager vs eager, default backend vs default backend, and
+``backend="neuron"`` vs the CPU's default backend. A second table gives each
+device's speed-up of compiled over eager, also taken round by round. Training
+steps compile the optimizer step too (``torch.compile`` of a function calling
+``opt.step()``). A third table (skip it with ``--no-compile-times``) gives cold
+and warm compile times of the training steps, measured in fresh processes with an
+empty and then a filled cache directory.
+
+    python benchmarks/bench_compile.py                 # everything (tens of minutes on 2 cores, cold cache)
+    python benchmarks/bench_compile.py -k mlp --quick  # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):
+    _root = str(Path(__file__).resolve().parent.parent)
+    if _root not in sys.path:
+        sys.path.append(_root)
+
+import torch
+import torch._dynamo
+import torch.nn as nn
+import torch.nn.functional as F
+
+from benchmarks.bench_models import GPT_SHAPE, MLP_BATCH, MLP_SIZES, OPTIMIZER_IMPLS, SEED, load_gpt
+from benchmarks.common import (QUICK_ROUND_MS, QUICK_ROUNDS, QUICK_WARMUP, DEFAULT_ROUND_MS, DEFAULT_WARMUP,
+                               REPO_ROOT, Case, Fn, Result, Suite, busy_cpus, calibrate, device_labels,
+                               format_table, make_parser, parse_devices, require_devices, synchronizer, time_round,
+                               write_json, _display_path)
+
+EAGER_TARGET = 1.05
+COMPILED_TARGET = 1.10
+GPT_TRAIN_BATCH = 16
+GPT_INFER_BATCHES = (1, 32)
+COMPILERS = ("eager", "inductor", "backend=neuron")
+
+
+@dataclass
+class Workload:
+    """One model program: a CPU model and how to run one step of it.
+
+    Args:
+        name: row label.
+        model: CPU model; each variant gets its own deep copy.
+        batch: CPU tensors the step uses.
+        train: True for forward, loss, backward, AdamW step and zero_grad; False for a no-grad forward.
+        loss_of: given the (compiled) model and the batch on the device, returns the loss (train only).
+    """
+
+    name: str
+    model: nn.Module
+    batch: tuple[torch.Tensor, ...]
+    train: bool
+    loss_of: Callable[[Any, tuple], torch.Tensor] | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the compile suite's options.
+
+    Args:
+        parser: parser to extend.
+    """
+    parser.add_argument("--optimizer-impl", choices=sorted(OPTIMIZER_IMPLS), default="for-loop",
+                        help="AdamW implementation used by every variant (default: %(default)s)")
+    parser.add_argument("--no-compile-times", dest="compile_times", action="store_false",
+                        help="skip the cold/warm compile time measurement (fresh processes, slow)")
+
+
+def _mlp() -> nn.Module:
+    """Return the MLP of bench_models (layer sizes MLP_SIZES, ReLU between layers)."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(MLP_SIZES, MLP_SIZES[1:])):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(n_in, n_out))
+    return nn.Sequential(*layers)
+
+
+def workloads() -> tuple[list[Workload], str | None]:
+    """Return the workloads, each model built once on CPU from a fixed seed, and why GPT rows are missing if they are."""
+    gen = torch.Generator().manual_seed(SEED)
+    torch.manual_seed(SEED)
+    mlp = _mlp()
+    x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen)
+    y = torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)
+    mlp_name = "mlp " + "-".join(map(str, MLP_SIZES))
+    out = [
+        Workload(f"{mlp_name} train b{MLP_BATCH}", mlp, (x, y), True, lambda m, d: F.cross_entropy(m(d[0]), d[1])),
+        Workload(f"{mlp_name} infer b{MLP_BATCH}", mlp, (x,), False),
+    ]
+    try:
+        gpt = load_gpt()
+    except ImportError as exc:
+        return out, str(exc)
+    shape = GPT_SHAPE
+    block, vocab = shape["block_size"], shape["vocab_size"]
+    gpt_name = f"gpt {shape['n_layer']}L {shape['n_head']}H {shape['n_embd']}d"
+    torch.manual_seed(SEED)
+    model = gpt.GPT(gpt.GPTConfig(**shape))
+    tokens = torch.randint(0, vocab, (GPT_TRAIN_BATCH, block + 1), generator=gen)
+    out.append(Workload(f"{gpt_name} train b{GPT_TRAIN_BATCH}x{block}", model,
+                        (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), True, lambda m, d: m(d[0], d[1])[1]))
+    for b in GPT_INFER_BATCHES:
+        out.append(Workload(f"{gpt_name} infer b{b}x{block}", model,
+                            (torch.randint(0, vocab, (b, block), generator=gen),), False))
+    return out, None
+
+
+def _compile_fn(compiler: str) -> Callable[[Any], Any]:
+    if compiler == "eager":
+        return lambda fn: fn
+    if compiler == "backend=neuron":
+        return lambda fn: torch.compile(fn, backend="neuron")
+    return torch.compile
+
+
+def build_step(work: Workload, device: torch.device, compiler: str, optimizer_kwargs: dict[str, Any]) -> Fn:
+    """Return one step of a workload on a device, compiled by compiler, already run once (compiled).
+
+    Args:
+        work: the workload.
+        device: where the model and batch live.
+        compiler: "eager", "inductor" or "backend=neuron".
+        optimizer_kwargs: AdamW arguments selecting its implementation.
+    """
+    compile_ = _compile_fn(compiler)
+    replica = copy.deepcopy(work.model).to(device)
+    data = tuple(t.to(device) for t in work.batch)
+    if work.train:
+        replica.train()
+        opt = torch.optim.AdamW(replica.parameters(), lr=1e-3, **optimizer_kwargs)
+        run = compile_(replica)
+        opt_step = compile_(lambda: opt.step())
+
+        def step() -> None:
+            loss = work.loss_of(run, data)
+            loss.backward()
+            opt_step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        replica.eval()
+        run = compile_(replica)
+
+        def step() -> None:
+            with torch.no_grad():
+                run(*data)
+    step()
+    return step
+
+
+def measure_workload(work: Workload, variants: list[tuple[str, str]], rounds: int, warmup: int, round_ms: float,
+                     optimizer_kwargs: dict[str, Any]
+                     ) -> tuple[int, dict[tuple[str, str], list[float]], dict[tuple[str, str], str]]:
+    """Time every variant of a workload in interleaved rounds.
+
+    Returns the calls per round, the per-call ns of each round of each variant
+    that could be built, and the error of each variant that could not.
+
+    Args:
+        work: the workload.
+        variants: (device, compiler) pairs.
+        rounds: timed rounds.
+        warmup: untimed rounds before them.
+        round_ms: wanted length of one round of the first variant.
+        optimizer_kwargs: AdamW arguments.
+    """
+    errors: dict[tuple[str, str], str] = {}
+    built: list[tuple[str, str]] = []
+    fns: list[Fn] = []
+    for d, c in variants:
+        try:
+            fns.append(build_step(work, torch.device(d), c, optimizer_kwargs))
+            built.append((d, c))
+        except Exception as exc:  # noqa: BLE001 - report the variant as skipped, keep the others
+            errors[(d, c)] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            torch._dynamo.reset()
+    if not fns:
+        return 0, {}, errors
+    variants = built
+    syncs = [synchronizer(d) for d, _ in variants]
+    for fn, sync in zip(fns, syncs):
+        time_round(fn, 1, sync)
+    inner = calibrate(fns[0], syncs[0], round_ms * 1e6)
+    samples: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(warmup + rounds):
+            shift = r % len(variants)
+            for i in list(range(shift, len(variants))) + list(range(shift)):
+                per_call = time_round(fns[i], inner, syncs[i])
+                if r >= warmup:
+                    samples[variants[i]].append(per_call)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return inner, samples, errors
+
+
+def _ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of b / a."""
+    return statistics.median(y / x for x, y in zip(a, b))
+
+
+def speedup_table(rows: list[tuple[str, dict[str, float]]], columns: list[str]) -> str:
+    """Render compiled-over-eager speed-ups (median over rounds of eager time / compiled time).
+
+    Args:
+        rows: (workload name, {column: speed-up}).
+        columns: column names in order.
+    """
+    table = [["case", *columns]]
+    for name, values in rows:
+        table.append([name, *(f"{values[c]:.2f}x" if c in values else "-" for c in columns)])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["speed-up of compiled over eager on the same device (median over rounds of eager / compiled time)"]
+    for j, r in enumerate(table):
+        lines.append("  ".join([r[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(r[1:], widths[1:]))]).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+_COMPILE_PROGRAM = textwrap.dedent("""
+    import json, sys, time
+    import torch, torch.nn.functional as F
+    import torch._dynamo, torch._inductor.compile_fx  # imported before timing: the figure is compile time only
+    device, backend, model_name = sys.argv[1], sys.argv[2], sys.argv[3]
+    sys.path.append({root!r})
+    from benchmarks.bench_compile import _mlp
+    from benchmarks.bench_models import GPT_SHAPE, MLP_BATCH, MLP_SIZES, load_gpt
+    torch.set_num_threads({threads})
+    torch.manual_seed(0)
+    if model_name == "mlp":
+        model = _mlp()
+        data = (torch.randn(MLP_BATCH, MLP_SIZES[0]), torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,)))
+        loss_of = lambda m, d: F.cross_entropy(m(d[0]), d[1])
+    else:
+        gpt = load_gpt()
+        model = gpt.GPT(gpt.GPTConfig(**GPT_SHAPE))
+        tokens = torch.randint(0, GPT_SHAPE["vocab_size"], (16, GPT_SHAPE["block_size"] + 1))
+        data = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss_of = lambda m, d: m(d[0], d[1])[1]
+    model = model.to(device)
+    data = tuple(t.to(device) for t in data)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    run = torch.compile(model, backend=backend)
+    opt_step = torch.compile(lambda: opt.step(), backend=backend)
+    def step():
+        loss = loss_of(run, data); loss.backward(); opt_step(); opt.zero_grad(set_to_none=True)
+    start = time.perf_counter(); step(); step(); first = time.perf_counter() - start
+    start = time.perf_counter(); step(); step(); steady = time.perf_counter() - start
+    from torch._dynamo.utils import counters
+    print(json.dumps({{"seconds": first - steady, "fx_hits": counters["inductor"]["fxgraph_cache_hit"],
+                      "fx_misses": counters["inductor"]["fxgraph_cache_miss"]}}))
+""")
+
+
+def compile_times(threads: int, models: list[str], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Measure cold and warm compile times of training steps in fresh processes.
+
+    Cold: an empty cache directory. Warm: a new process reusing the directory the
+    cold run filled (PyTorch's FX graph, AOTAutograd and kernel caches).
+
+    Args:
+        threads: torch.set_num_threads value in the child processes.
+        models: "mlp" and/or "gpt".
+        log: receives one progress line per run.
+    """
+    program = _COMPILE_PROGRAM.format(root=str(REPO_ROOT), threads=threads)
+    rows = []
+    for model_name in models:
+        for device, backend in (("cpu", "inductor"), ("neuron", "inductor"), ("neuron", "neuron")):
+            row: dict[str, Any] = {"model": model_name, "device": device, "backend": backend}
+            with tempfile.TemporaryDirectory(prefix="bench_compile_cache_") as cache:
+                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TORCHNEURON_CACHE_DIR=cache)
+                for phase in ("cold", "warm"):
+                    proc = subprocess.run([sys.executable, "-c", program, device, backend, model_name],
+                                          capture_output=True, text=True, env=env, timeout=3600)
+                    if proc.returncode != 0:
+                        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
+                        row["error"] = (errors or proc.stderr.strip().splitlines() or ["failed"])[-1].strip()
+                        break
+                    row[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            cold, warm = row.get("cold") or {}, row.get("warm") or {}
+            log(f"  compile {model_name} on {device}, backend={backend}: cold {cold.get('seconds', float('nan')):.1f} s, "
+                f"warm {warm.get('seconds', float('nan')):.1f} s")
+    return rows
+
+
+def format_compile_times(rows: list[dict[str, Any]]) -> str:
+    """Render the cold/warm compile time rows as a table."""
+    header = ["training step compile", "cold", "warm", "warm/cold", "warm FX cache hits/misses"]
+    table = [header]
+    for row in rows:
+        name = f"{row['model']} on {row['device']}, backend={row['backend']}"
+        cold, warm = row.get("cold"), row.get("warm")
+        if not cold or not warm:
+            table.append([name, "-", "-", "-", row.get("error", "failed")])
+            continue
+        table.append([name, f"{cold['seconds']:.1f} s", f"{warm['seconds']:.1f} s",
+                      f"{warm['seconds'] / cold['seconds']:.2f}", f"{warm['fx_hits']}/{warm['fx_misses']}"])
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = ["compile time of two training steps (forward, backward, AdamW step) in a fresh process, "
+             "minus two steady steps"]
+    for j, r in enumerate(table):
+        lines.append("  ".join([r[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(r[1:], widths[1:]))]).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+SUITE = Suite(
+    name="compile",
+    description="torch.compile: MLP and GPT training steps and inference; eager, default backend and backend=neuron",
+    build_cases=lambda args: [],
+    default_threads=2,
+    default_rounds=20,
+    add_arguments=add_arguments,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the compile benchmark, print its tables, write its JSON and return the exit status.
+
+    Args:
+        argv: arguments without the program name; None reads sys.argv.
+    """
+    args = make_parser(SUITE.description, [SUITE]).parse_args(argv)
+    devices = parse_devices(args.devices)
+    require_devices(devices)
+    base, other = devices
+    labels = device_labels(devices)
+    threads = args.threads or SUITE.default_threads
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else SUITE.default_rounds)
+    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    round_ms = args.round_ms or (QUICK_ROUND_MS if args.quick else DEFAULT_ROUND_MS)
+    torch.set_num_threads(threads)
+    # Every compiled module shares Dynamo's wrapper code object: allow one cache entry per variant.
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    optimizer_kwargs = OPTIMIZER_IMPLS[args.optimizer_impl]
+
+    variants = [(base, "eager"), (base, "inductor"), (other, "eager"), (other, "inductor")]
+    if torch.device(other).type == "neuron":
+        variants.append((other, "backend=neuron"))
+    works, gpt_skip = workloads()
+    if args.filter:
+        works = [w for w in works if args.filter in w.name]
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"[compile] {len(works)} workloads x {len(variants)} variants on {labels[0]} and {labels[1]}, "
+        f"threads {threads}")
+    busy = busy_cpus()
+    if busy is not None and busy > 0.5:
+        log(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy; timings will be noisy")
+
+    results: list[Result] = []
+    speedups: list[tuple[str, dict[str, float]]] = []
+    raw: dict[str, Any] = {}
+    for work in works:
+        started = time.perf_counter()
+        inner, samples, errors = measure_workload(work, variants, rounds, warmup, round_ms, optimizer_kwargs)
+        raw[work.name] = {f"{d} {c}": s for (d, c), s in samples.items()}
+        for compiler in COMPILERS:
+            pair = [(base, "eager" if compiler == "eager" else "inductor"), (other, compiler)]
+            if pair[1] not in samples and pair[1] not in errors:
+                continue
+            target = EAGER_TARGET if compiler == "eager" else COMPILED_TARGET
+            failed = [f"{d} {c}: {errors[(d, c)]}" for d, c in pair if (d, c) in errors]
+            case = Case(f"{work.name} | {compiler}", lambda device: None, target, skip="; ".join(failed) or None)
+            results.append(Result(case, labels, inner, [] if failed else [samples[pair[0]], samples[pair[1]]]))
+        ups = {}
+        for device, label, compiler in ((base, labels[0], "inductor"), (other, labels[1], "inductor"),
+                                        (other, labels[1], "backend=neuron")):
+            if (device, "eager") in samples and (device, compiler) in samples:
+                ups[f"{label} {compiler}"] = 1 / _ratio(samples[(device, "eager")], samples[(device, compiler)])
+        speedups.append((work.name, ups))
+        medians = "  ".join(f"{d} {c} {statistics.median(s) / 1e6:.2f} ms" for (d, c), s in samples.items())
+        log(f"  {work.name}: {medians}  ({time.perf_counter() - started:.0f} s)")
+
+    title = (f"{SUITE.name}: {SUITE.description}\n"
+             f"devices {labels[0]} vs {labels[1]}, threads {torch.get_num_threads()}, rounds {rounds} "
+             f"(+{warmup} warmup), all variants of a workload interleaved, torch {torch.__version__}\n"
+             f"rows '| backend=neuron' compare {labels[1]} backend=neuron with {labels[0]} default backend")
+    print(format_table(results, labels, title), flush=True)
+    if gpt_skip:
+        print(f"gpt rows skipped: {gpt_skip}")
+    print()
+    columns = [f"{labels[0]} inductor", f"{labels[1]} inductor", f"{labels[1]} backend=neuron"]
+    print(speedup_table(speedups, columns), flush=True)
+
+    times: list[dict[str, Any]] = []
+    if args.compile_times and torch.device(other).type == "neuron":
+        models = [m for m in ("mlp", "gpt") if not args.filter or args.filter in m or
+                  any(args.filter in w.name and w.name.startswith(m) for w in works)]
+        log("")
+        times = compile_times(threads, models, log)
+        print()
+        print(format_compile_times(times), flush=True)
+
+    if not args.no_json:
+        path = getattr(args, "json", None) or args.json_dir / f"{SUITE.name}.json"
+        settings = {"devices": list(devices), "labels": list(labels), "threads": torch.get_num_threads(),
+                    "rounds": rounds, "warmup": warmup, "round_ms": round_ms, "quick": args.quick,
+                    "filter": args.filter, "argv": sys.argv, "busy_cpus_before_run": busy,
+                    "optimizer_impl": args.optimizer_impl}
+        write_json(path, SUITE, results, settings)
+        payload = json.loads(path.read_text())
+        payload["speedups"] = {name: ups for name, ups in speedups}
+        payload["variant_rounds_ns"] = raw
+        payload["compile_times"] = times
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"results written to {_display_path(path)}", flush=True)
+    failed = any(r.ok is False for r in results)
+    return 1 if failed and args.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""torch.compile on neuron tensors: the default backend (Inductor) and backend="neuron".
+
+Compiled results are compared with eager CPU results. The models are tiny and
+shared between tests so that most compiles hit PyTorch's FX graph cache; a
+cold run (empty cache) compiles a handful of small graphs.
+"""
+
+import copy
+import io
+import os
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchneuron
+import torchneuron.compile as tc
+
+BACKENDS = ["inductor", "neuron"]
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test starts with empty Dynamo caches and an empty compile report."""
+    torch._dynamo.reset()
+    tc.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _batch(n=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _train(model, opt, step_fn, x, y, steps):
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        step_fn()
+        opt.zero_grad()
+        losses.append(loss.detach().cpu())
+    return losses
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_matches_eager(backend):
+    """Forward, backward and a compiled AdamW step for 4 steps match CPU eager."""
+    ref = _mlp()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    model = _mlp().to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    compiled = torch.compile(model, backend=backend)
+    compiled_step = torch.compile(opt.step, backend=backend)
+    x, y = _batch()
+
+    got = _train(compiled, opt, compiled_step, x.to("neuron"), y.to("neuron"), steps=4)
+    want = _train(ref, ref_opt, ref_opt.step, x, y, steps=4)
+
+    torch.testing.assert_close(got, want, **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.device.type == "neuron"
+        torch.testing.assert_close(p.cpu(), q, **TOL)
+    report = tc.report()
+    assert report.graphs >= 2  # the model (forward and backward) and the optimizer step
+    assert report.num_recompiles == 0
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "function"])
+def test_inference_no_grad(backend):
+    if backend == "function":
+        backend = tc.backend  # torch.compile(model, backend=torchneuron.compile.backend)
+    model = _mlp().eval()
+    compiled = torch.compile(copy.deepcopy(model).to("neuron"), backend=backend)
+    x, _ = _batch()
+    with torch.no_grad():
+        out = compiled(x.to("neuron"))
+    assert out.device.type == "neuron" and not out.requires_grad
+    torch.testing.assert_close(out.cpu(), model(x).detach(), **TOL)
+
+
+def test_attention_model_trains():
+    """A one-layer GPT (scaled_dot_product_attention, LayerNorm, GELU, embeddings) trains like eager CPU."""
+    from torchneuron.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    ref = GPT(GPTConfig(vocab_size=17, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    model = copy.deepcopy(ref).to("neuron")
+    tokens = torch.randint(0, 17, (2, 9), generator=torch.Generator().manual_seed(0))
+    idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    loss = torch.compile(model)(idx.to("neuron"), targets.to("neuron"))[1]
+    loss.backward()
+    ref_loss = ref(idx, targets)[1]
+    ref_loss.backward()
+    torch.testing.assert_close(loss.cpu(), ref_loss.detach(), **TOL)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_second_device():
+    """Buffers of a graph on neuron:1 are allocated on neuron:1, whatever the current device."""
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs TORCHNEURON_NUM_DEVICES >= 2")
+    model = _mlp().eval()
+    compiled = torch.compile(copy.deepcopy(model).to("neuron:1"))
+    x, _ = _batch()
+    with torch.no_grad():
+        out = compiled(x.to("neuron:1"))
+    assert out.device == torch.device("neuron:1")
+    torch.testing.assert_close(out.cpu(), model(x).detach(), **TOL)
+
+
+def test_cpu_scalars_mixed_in():
+    def f(x, scale, shift):
+        return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)
+
+    x = torch.randn(4, 3)
+    scale = torch.tensor(2.5)  # a 0-dim CPU tensor next to neuron tensors
+    got = torch.compile(f)(x.to("neuron"), scale, 0.5)
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), f(x, scale, 0.5), **TOL)
+
+
+def test_dropout_reproducible_under_manual_seed():
+    model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5)).to("neuron").train()
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(8, 16, device="neuron")
+    torch.manual_seed(123)
+    a = compiled(x).cpu()
+    torch.manual_seed(123)
+    b = compiled(x).cpu()
+    c = compiled(x).cpu()
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(a, c)
+    assert 0.2 < (a == 0).float().mean().item() < 0.8
+
+
+def test_autocast_inside_compiled_code():
+    model = _mlp().to("neuron")
+    x, _ = _batch()
+
+    def f(inp):
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            return model(inp)
+
+    got = torch.compile(f)(x.to("neuron"))
+    want = f(x.to("neuron"))
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), rtol=2e-2, atol=2e-2)
+
+
+def test_batch_size_change_recompiles_at_most_once():
+    model = _mlp().to("neuron")
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        for n in (8, 16, 32, 5, 16):
+            x, _ = _batch(n)
+            torch.testing.assert_close(compiled(x.to("neuron")).cpu(), model(x.to("neuron")).cpu(), **TOL)
+    report = tc.report()
+    assert report.num_recompiles == 1, str(report)
+    assert "size mismatch" in report.recompiles[0].reason
+
+
+def test_dynamic_true_never_recompiles():
+    model = _mlp().to("neuron")
+    compiled = torch.compile(model, dynamic=True)
+    with torch.no_grad():
+        for n in (3, 8, 17):
+            x, _ = _batch(n)
+            torch.testing.assert_close(compiled(x.to("neuron")).cpu(), model(x.to("neuron")).cpu(), **TOL)
+    report = tc.report()
+    assert report.num_recompiles == 0, str(report)
+    assert report.frames == 1
+
+
+def test_checkpoint_between_steps_does_not_recompile():
+    model = _mlp().to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model)
+    x, y = (t.to("neuron") for t in _batch())
+    for step in range(3):
+        loss = F.cross_entropy(compiled(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        buffer = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    report = tc.report()
+    assert report.frames == 1 and report.num_recompiles == 0, str(report)
+
+
+def test_report_graph_break_with_source_line():
+    def f(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    x = torch.randn(4, device="neuron")
+    torch.testing.assert_close(torch.compile(f, backend="neuron")(x).cpu(), f(x).cpu(), **TOL)
+    report = tc.report()
+    assert report.num_graph_breaks == 1 and report.graphs == 2, str(report)
+    line = f.__code__.co_firstlineno + 2
+    assert any(loc.endswith(f"test_compile.py:{line}") for loc in report.graph_breaks[0].locations), str(report)
+    assert "graph break" in str(report)
+
+
+def test_fullgraph_raises_on_graph_break():
+    def f(x):
+        torch._dynamo.graph_break()
+        return x + 1
+
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(f, backend="neuron", fullgraph=True)(torch.randn(2, device="neuron"))
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_modes_accepted(backend, mode):
+    w = torch.randn(8, 8)
+
+    def f(x, w):
+        return torch.relu(x @ w + 1)
+
+    x = torch.randn(4, 8)
+    got = torch.compile(f, backend=backend, mode=mode, fullgraph=True)(x.to("neuron"), w.to("neuron"))
+    torch.testing.assert_close(got.cpu(), f(x, w), **TOL)
+
+
+def test_unknown_mode_and_cpp_wrapper_rejected():
+    with pytest.raises(Exception, match="mode"):
+        torch.compile(lambda x: x + 1, backend="neuron", mode="fastest")(torch.ones(2, device="neuron"))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="cpp_wrapper"):
+        torch.compile(lambda x: x + 1, backend="neuron", options={"cpp_wrapper": True})(
+            torch.ones(2, device="neuron"))
+
+
+def test_import_torch_loads_no_compiler(run_python):
+    proc = run_python("import sys, torch; torch.ones(1, device='neuron');"
+                      "print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"]
+
+
+_CACHE_PROGRAM = textwrap.dedent("""
+    import torch
+    from torch._dynamo.utils import counters
+    def f(x):
+        return (x.sin() * 2).sum(-1)
+    x = torch.randn(4, 8, device="neuron")
+    torch.testing.assert_close(torch.compile(f)(x).cpu(), f(x.cpu()))
+    print("fx", counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+""")
+
+
+def test_cache_reused_by_second_process_and_log_env(run_python, tmp_path):
+    """A second process reuses the FX graph cache in TORCHNEURON_CACHE_DIR; TORCHNEURON_COMPILE_LOG logs compiles."""
+    env = {"TORCHNEURON_CACHE_DIR": str(tmp_path), "TORCHNEURON_COMPILE_LOG": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "not-this-one")}
+    first = run_python(_CACHE_PROGRAM, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "fx 0 1" in first.stdout
+    assert "[torchneuron] torch.compile [0/0] compiled f" in first.stderr
+    assert (tmp_path / "fxgraph").is_dir() and not (tmp_path / "not-this-one").exists()
+
+    second = run_python(_CACHE_PROGRAM, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "fx 1 0" in second.stdout
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/unused"))
+    assert tc.cache_dir() == str(tmp_path / "c")

@@ -1,0 +1,266 @@
+"""Inductor for the neuron device: C++ kernels that read and write device memory directly.
+
+The emulated NeuronCore keeps device memory in host memory, so a neuron
+tensor's ``data_ptr()`` is a host address that a C++ kernel can use as it is.
+This module therefore reuses Inductor's C++ code generator (``CppScheduling``)
+and its Python wrapper, and only tells them how to allocate, guard and
+synchronize on the neuron device.
+
+Importing it registers, once:
+
+* the kernel and wrapper code generators (``register_backend_for_device``),
+* the wrapper's device calls (``register_device_op_overrides``),
+* Dynamo's device interface (``register_interface_for_device``).
+
+Nothing imports it at ``import torch``: Inductor looks up ``Scheduling``,
+``PythonWrapperCodegen`` and ``CppWrapperCodegen`` on the device module
+(``torch.neuron``) the first time it compiles. The first two load this
+module, which registers everything; ``torch.neuron`` has no
+``CppWrapperCodegen`` (Inductor's C++ wrapper does not know the device), so
+Inductor keeps this module's registration, including the per-device config
+that versions the cache keys.
+
+Inductor decides a few things by asking whether a device is named ``"cpu"``.
+For the neuron device it would take GPU paths that assume Triton; two are
+avoided here (see :func:`_cpu_codegen` and :data:`CONFIG`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+from typing import Any
+
+import torch
+from torch._dynamo import device_interface as _di
+from torch._inductor import config as inductor_config
+from torch._inductor.codegen import common as _common
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
+from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+
+from . import _cache, _codegen_config, diagnostics
+
+__all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "register"]
+
+DEVICE = "neuron"
+
+# Inductor options in force while the scheduler fuses and generates a neuron
+# graph. Inductor skips these loop transformations for "cpu" nodes because its
+# C++ code generator has not been validated with them (reindexing even fails on
+# C++ node groups); neuron kernels come from that same generator. They are set
+# only between the creation of a neuron graph's wrapper and its generate(), so
+# cache keys and other devices' compiles never see them.
+CONFIG: dict[str, Any] = {
+    "loop_ordering_after_fusion": False,
+    "loop_reindexing_after_fusion": False,
+    "loop_index_inversion_in_fusion": False,
+}
+
+_graph_patch: Any = None  # CONFIG, entered for the neuron graph being generated
+
+
+def _enter_graph_config() -> None:
+    global _graph_patch
+    _exit_graph_config()  # a graph that failed half-way left its patch behind
+    patch = inductor_config.patch(CONFIG)
+    patch.__enter__()
+    _graph_patch = patch
+
+
+def _exit_graph_config() -> None:
+    global _graph_patch
+    patch, _graph_patch = _graph_patch, None
+    if patch is not None:
+        patch.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _cpu_codegen():
+    """Make Inductor's kernel code generation treat the neuron device like the CPU.
+
+    ``torch._inductor.utils.get_current_backend`` answers ``config.cuda_backend``
+    ("triton") for any device it does not know; the C++ code generator then
+    skips the C++ type propagation it relies on. Inside this scope, which only
+    covers the generation of neuron kernels, it answers ``config.cpu_backend``.
+    """
+    with inductor_config.patch(cuda_backend=inductor_config.cpu_backend):
+        yield
+
+
+class Scheduling(CppScheduling):
+    """Inductor's C++ kernel generation for the neuron device (kernels address device memory directly)."""
+
+    def codegen_node(self, node):  # noqa: D102
+        with _cpu_codegen():
+            return super().codegen_node(node)
+
+    def codegen_template(self, *args, **kwargs):  # noqa: D102
+        with _cpu_codegen():
+            return super().codegen_template(*args, **kwargs)
+
+    def flush(self):  # noqa: D102
+        with _cpu_codegen():
+            return super().flush()
+
+
+class NeuronPythonWrapperCodegen(_PythonWrapperCodegen):
+    """Inductor's Python wrapper for neuron graphs: allocates device buffers and calls the C++ kernels.
+
+    Inductor creates it before scheduling a neuron graph and calls generate()
+    last, so it also scopes :data:`CONFIG` to that graph.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        _enter_graph_config()
+
+    def generate(self, is_inference):  # noqa: D102
+        try:
+            return super().generate(is_inference)
+        finally:
+            _exit_graph_config()
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):  # noqa: D102
+        if is_subgraph:
+            # Subgraphs (e.g. of control flow ops) use the generic subgraph wrapper.
+            return _PythonWrapperCodegen.create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures)
+        return NeuronPythonWrapperCodegen()
+
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+        # Inductor emits no device guard for devices it does not know as GPUs, so name the
+        # device index: buffers of a graph on neuron:1 must not land on the current device.
+        if device.type != DEVICE or is_pinned or torch._inductor.config.test_configs.track_memory_lifecycle:
+            return super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+        shape_code = self.codegen_python_shape_tuple(shape)
+        alloc_code = self.codegen_python_shape_tuple(allocation_shape if allocation_shape is not None else shape)
+        stride_code = self.codegen_python_shape_tuple(stride)
+        index = device.index if device.index is not None else 0
+        out = f"{name} = empty_strided({alloc_code}, {stride_code}, device='{DEVICE}:{index}', dtype={dtype})"
+        if alloc_code != shape_code:
+            out += f".as_strided({shape_code}, {stride_code})"
+        return out
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        # C++ kernels are called like the CPU's: a plain function over data pointers.
+        if not triton:
+            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            return
+        return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+
+class NeuronDeviceOpOverrides(_common.DeviceOpOverrides):
+    """Python and C++ snippets the wrapper emits for device guards, streams and synchronization."""
+
+    def import_get_raw_stream_as(self, name: str) -> str:  # noqa: D102
+        return f"def {name}(_):\n    return 0\n"
+
+    def set_device(self, device_idx: int) -> str:  # noqa: D102
+        return f"torch.neuron.set_device({device_idx})"
+
+    def synchronize(self) -> str:  # noqa: D102
+        return "torch.neuron.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:  # noqa: D102
+        return f"torch.neuron.device({device_idx})"
+
+    def current_stream(self) -> str:  # noqa: D102
+        return "torch.neuron.current_stream()"
+
+    def cpp_kernel_type(self) -> str:  # noqa: D102
+        return "void*"
+
+    def cpp_device_guard(self) -> str:  # noqa: D102
+        return "c10::DeviceGuard"
+
+    def cpp_stream_guard(self) -> str:  # noqa: D102
+        return "c10::StreamGuard"
+
+
+class NeuronInterface(_di.DeviceInterface):
+    """Dynamo's view of the neuron device (streams, events, properties)."""
+
+    device = torch.neuron.device  # type: ignore[assignment]
+    Event = torch.Event  # type: ignore[assignment]
+    Stream = torch.Stream  # type: ignore[assignment]
+
+    class Worker:  # noqa: D106
+        @staticmethod
+        def set_device(device: int) -> None:
+            _di.caching_worker_current_devices[DEVICE] = device
+
+        @staticmethod
+        def current_device() -> int:
+            return _di.caching_worker_current_devices.get(DEVICE, torch.neuron.current_device())
+
+        @staticmethod
+        def get_device_properties(device: Any = None) -> Any:
+            return torch.neuron.get_device_properties(device)
+
+    current_device = staticmethod(torch.neuron.current_device)
+    set_device = staticmethod(torch.neuron.set_device)
+    device_count = staticmethod(torch.neuron.device_count)
+    stream = staticmethod(torch.neuron.stream)  # type: ignore[assignment]
+    current_stream = staticmethod(torch.neuron.current_stream)
+    set_stream = staticmethod(torch.neuron.set_stream)  # type: ignore[assignment]
+    synchronize = staticmethod(torch.neuron.synchronize)
+    get_device_properties = staticmethod(torch.neuron.get_device_properties)  # type: ignore[assignment]
+    memory_allocated = staticmethod(torch.neuron.memory_allocated)
+    is_bf16_supported = staticmethod(torch.neuron.is_bf16_supported)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
+        torch.neuron.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index,
+                                             device_type=device_type))
+
+    @staticmethod
+    def exchange_device(device: int) -> int:
+        previous = torch.neuron.current_device()
+        if device >= 0 and device != previous:
+            torch.neuron.set_device(device)
+        return previous
+
+    @staticmethod
+    def maybe_exchange_device(device: int) -> int:
+        return NeuronInterface.exchange_device(device)
+
+    @staticmethod
+    def get_raw_stream(device_idx: int) -> int:
+        return 0
+
+    @staticmethod
+    def is_available() -> bool:
+        return torch.neuron.is_available()
+
+    @staticmethod
+    def get_compute_capability(device: Any = None) -> str:
+        return ""
+
+    @staticmethod
+    def is_triton_capable(device: Any = None) -> bool:
+        return False
+
+
+@functools.cache
+def register() -> None:
+    """Register Inductor's code generators, device calls and Dynamo's interface for the neuron device (once)."""
+    _cache.apply()
+    diagnostics.install()
+    with open(__file__, "rb") as source:
+        _codegen_config.codegen_version = hashlib.sha256(source.read()).hexdigest()[:16]
+    _di.register_interface_for_device(DEVICE, NeuronInterface)
+    for i in range(torch.neuron.device_count()):
+        _di.register_interface_for_device(f"{DEVICE}:{i}", NeuronInterface)
+    _common.register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
+    if _common.get_scheduling_for_device(DEVICE) is None:
+        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, CppWrapperCpu,
+                                            WrapperFxCodegen, device_custom_config=_codegen_config)
+
+
+# The names Inductor's init_backend_registration looks up on torch.neuron.
+PythonWrapperCodegen = NeuronPythonWrapperCodegen
+
+register()
