@@ -46,6 +46,12 @@ class Call {
     const auto device = t.device();
     if (device.type() == kNeuron) {
       noteDevice(device, arg);
+      for (auto& a : aliases_) {  // the same tensor twice (self and out=self): one alias, as on the CPU
+        if (a.neuron.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          a.written = a.written || written;
+          return a.cpu;
+        }
+      }
       const auto* storage = t.storage().unsafeGetStorageImpl();
       at::Tensor alias;
       for (const auto& a : aliases_) {
@@ -221,6 +227,12 @@ void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+}
+
+// Generic kernels that call a per-device DispatchStub, which neuron does not
+// fill: run them on CPU aliases instead.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
 // Many ops have both a CPU kernel and a generic one that every other backend
