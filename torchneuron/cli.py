@@ -31,16 +31,29 @@ class Command:
     run: Callable[[argparse.Namespace], int]
 
 
+def _positive_int(text: str) -> int:
+    """Parse a command-line value as an integer of at least 1.
+
+    Args:
+        text: the raw value.
+    """
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of the ``demo`` subcommand.
 
     Args:
         parser: the subcommand's parser.
     """
-    parser.add_argument("--steps", type=int, default=200, help="training steps per run (default: 200)")
+    parser.add_argument("--steps", type=_positive_int, default=200, help="training steps per run (default: 200)")
     parser.add_argument("--device", default="neuron", help="device under test (default: neuron)")
     parser.add_argument("--compare-device", default="cpu", help="reference device, trained first (default: cpu)")
-    parser.add_argument("--compile", action="store_true", help="add a third run with torch.compile on --device")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="add a third run with torch.compile on --device (default: on; --no-compile skips it)")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, batches and sampling (default: 0)")
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from torchneuron.data import load_text
 from torchneuron.models import GPT, CharTokenizer, GPTConfig, get_batch
@@ -18,9 +19,15 @@ logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 16
 LEARNING_RATE = 2e-3
+MIN_LR_FRACTION = 0.1
+WARMUP_STEPS = 20
+GRAD_CLIP = 1.0
 LOSS_ATOL = 1e-4
 SAMPLE_TEMPERATURE = 0.8
 DEFAULT_STEPS = 200
+
+
+WARMUP_RUN_STEPS = 8  # untimed steps per device before the measured runs
 
 
 def demo_config(vocab_size: int) -> GPTConfig:
@@ -40,7 +47,7 @@ class RunResult:
         name: short label of the run (``compare``, ``device`` or ``compile``).
         device: device the run trained on.
         tokens_per_step: tokens consumed by each optimizer step.
-        losses: training loss after each step.
+        losses: training loss of each step.
         step_seconds: wall time of each step.
         error: message of the exception that stopped the run, if any.
     """
@@ -137,6 +144,21 @@ class _Output:
             self.line(fmt(row))
 
 
+def learning_rate(step: int, steps: int) -> float:
+    """Return the learning rate of ``step``: linear warm-up, then cosine decay to 10% of the peak.
+
+    A gentle schedule keeps training well conditioned, so float32 rounding differences
+    between devices stay at rounding level instead of being amplified by loss spikes.
+
+    Args:
+        step: zero-based optimizer step.
+        steps: total number of steps of the run.
+    """
+    warmup = min(1.0, (step + 1) / WARMUP_STEPS)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * step / max(1, steps - 1)))
+    return LEARNING_RATE * warmup * (MIN_LR_FRACTION + (1.0 - MIN_LR_FRACTION) * cosine)
+
+
 def _build_model(config: GPTConfig, seed: int, device: str) -> GPT:
     """Build the model on the CPU under ``seed`` and move it to ``device``.
 
@@ -158,7 +180,7 @@ def _train(
     compile_model: bool = False,
     progress: bool = True,
 ) -> GPT:
-    """Train ``model`` with AdamW for ``steps`` steps, filling ``run`` with losses and timings.
+    """Train ``model`` with AdamW and gradient clipping, filling ``run`` with losses and timings.
 
     Args:
         run: record to fill; ``run.device`` is where batches are sent.
@@ -169,20 +191,23 @@ def _train(
         compile_model: train through ``torch.compile(model)``.
         progress: show a ``tqdm`` progress bar on stderr.
     """
-    # foreach=False keeps the same AdamW code path on every device, so runs are comparable.
-    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, foreach=False)
+    # foreach=False keeps the same code path on every device, so runs are comparable.
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate(0, steps), foreach=False)
     step_fn = torch.compile(model) if compile_model else model
     gen = torch.Generator().manual_seed(seed)
     block_size = model.config.block_size
     batch_size = run.tokens_per_step // block_size
     model.train()
     bar = tqdm(range(steps), desc=f"{run.name:>7} [{run.device}]", unit="step", disable=not progress, file=sys.stderr)
-    for _ in bar:
+    for step in bar:
         t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, steps)
         x, y = get_batch(data, block_size, batch_size, gen, run.device)
         _, loss = step_fn(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP, foreach=False)
         opt.step()
         run.losses.append(loss.item())
         run.step_seconds.append(time.perf_counter() - t0)
@@ -247,6 +272,74 @@ def _report(out: _Output, runs: list[RunResult], steps: int) -> None:
     out.table(headers, rows, title=f"Results after {steps} steps (timings exclude the first step)")
 
 
+def _check(out: _Output, runs: list[RunResult], steps: int) -> tuple[dict[str, float], bool]:
+    """Compare every run's loss curve with the first run's, print PASS/FAIL lines and return the verdict.
+
+    Args:
+        out: where to print.
+        runs: finished runs; the first one is the reference.
+        steps: requested number of steps.
+    """
+    ref = runs[0]
+    diffs = {run.name: _max_diff(ref.losses, run.losses) for run in runs[1:]}
+    match = True
+    for run in runs[1:]:
+        ok = run.error is None and diffs[run.name] <= LOSS_ATOL
+        match = match and ok
+        detail = run.error or (
+            f"max |loss difference| over {steps} steps = {diffs[run.name]:.3e} (tolerance {LOSS_ATOL:.0e})"
+        )
+        out.line(
+            f"{'PASS' if ok else 'FAIL'}: {run.name} run on {run.device} vs {ref.device}: {detail}",
+            style="bold green" if ok else "bold red",
+        )
+    return diffs, match
+
+
+def _run_all(
+    plan: list[tuple[str, str, bool]],
+    config: GPTConfig,
+    data: torch.Tensor,
+    steps: int,
+    seed: int,
+    progress: bool,
+) -> tuple[list[RunResult], Optional[GPT]]:
+    """Train one fresh model per entry of ``plan`` and return the runs and the ``device`` run's model.
+
+    A failing compiled run is recorded in its ``RunResult.error``; other failures propagate.
+
+    Args:
+        plan: ``(name, device, use_compile)`` for each run, reference first.
+        config: model hyper-parameters.
+        data: 1-D CPU tensor of token ids.
+        steps: optimizer steps per run.
+        seed: seed for the initial weights and the batches.
+        progress: show ``tqdm`` progress bars on stderr.
+    """
+    tokens_per_step = BATCH_SIZE * config.block_size
+    # A few untimed steps first: a fresh process pays once for warming up the host's memory
+    # allocator and kernels, and that cost must not land on whichever run happens to go first.
+    for dev in dict.fromkeys(dev for _, dev, _ in plan):
+        warm = RunResult(name="warm-up", device=dev, tokens_per_step=tokens_per_step)
+        _train(warm, _build_model(config, seed, dev), data, WARMUP_RUN_STEPS, seed, False, False)
+    runs: list[RunResult] = []
+    device_model: Optional[GPT] = None
+    for name, dev, use_compile in plan:
+        run = RunResult(name=name, device=dev, tokens_per_step=tokens_per_step)
+        runs.append(run)
+        try:
+            model = _train(run, _build_model(config, seed, dev), data, steps, seed, use_compile, progress)
+        except Exception as exc:  # the compiled run may not be supported yet: report it, do not crash
+            if not use_compile:
+                raise
+            run.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            logger.debug("compiled run failed", exc_info=True)
+            continue
+        if name == "device":
+            device_model = model
+    return runs, device_model
+
+
 def run_demo(
     steps: int = DEFAULT_STEPS,
     device: str = "neuron",
@@ -276,8 +369,6 @@ def run_demo(
     tokenizer = CharTokenizer(text)
     data = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     config = demo_config(tokenizer.vocab_size)
-    tokens_per_step = BATCH_SIZE * config.block_size
-
     n_params = _build_model(config, seed, "cpu").num_parameters()
     out.line(
         f"GPT: {config.n_layer} layers, {config.n_head} heads, n_embd {config.n_embd}, "
@@ -289,35 +380,12 @@ def run_demo(
     plan = [("compare", compare_device, False), ("device", device, False)]
     if compile:
         plan.append(("compile", device, True))
-    runs: list[RunResult] = []
-    device_model: Optional[GPT] = None
-    for name, dev, use_compile in plan:
-        run = RunResult(name=name, device=dev, tokens_per_step=tokens_per_step)
-        runs.append(run)
-        try:
-            model = _train(run, _build_model(config, seed, dev), data, steps, seed, use_compile, progress)
-        except Exception as exc:  # the compiled run may not be supported yet; report, do not crash
-            if not use_compile:
-                raise
-            run.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            logger.debug("compiled run failed", exc_info=True)
-            continue
-        if name == "device":
-            device_model = model
+    runs, device_model = _run_all(plan, config, data, steps, seed, progress)
 
     out.line()
     _report(out, runs, steps)
     out.line()
-
-    ref = runs[0]
-    diffs = {run.name: _max_diff(ref.losses, run.losses) for run in runs[1:]}
-    match = True
-    for run in runs[1:]:
-        ok = run.error is None and diffs[run.name] <= LOSS_ATOL
-        match = match and ok
-        verdict = "PASS" if ok else "FAIL"
-        detail = run.error or f"max |loss difference| over {steps} steps = {diffs[run.name]:.3e} (tolerance {LOSS_ATOL:.0e})"
-        out.line(f"{verdict}: {run.name} run on {run.device} vs {ref.device}: {detail}", style="bold green" if ok else "bold red")
+    diffs, match = _check(out, runs, steps)
 
     sample = ""
     if sample_chars > 0 and device_model is not None:

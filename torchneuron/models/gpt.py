@@ -178,7 +178,7 @@ class GPT(nn.Module):
         logits = F.linear(x, self.wte.weight) if self.lm_head is None else self.lm_head(x)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()
