@@ -1,0 +1,54 @@
+"""Which ops and modules the conformance runs.
+
+The quick slice (the default test suite) is a fixed, representative ~5% of
+``op_db``: elementwise unary and binary ops, reductions, matmul and linear
+algebra, convolution and normalization, indexing and scatter, views and
+shape ops, factories, random ops, sorting and FFT. Set
+``TORCHNEURON_FULL_CONFORMANCE=1`` to run every OpInfo and ModuleInfo.
+"""
+
+import os
+
+FULL = os.environ.get("TORCHNEURON_FULL_CONFORMANCE", "") not in ("", "0")
+
+QUICK_OPS = (
+    # elementwise
+    "abs", "exp", "sigmoid", "add", "mul", "div.floor_rounding", "pow", "where", "clamp",
+    "nn.functional.gelu",
+    # reductions and scans
+    "sum", "mean", "max.reduction_with_dim", "argmax", "cumsum", "var",
+    # matmul, linear algebra
+    "matmul", "addmm", "linalg.solve",
+    # nn
+    "nn.functional.conv2d", "nn.functional.layer_norm", "nn.functional.cross_entropy",
+    "nn.functional.embedding", "nn.functional.dropout", "softmax",
+    # indexing, scatter, masks
+    "index_put", "gather", "scatter_add", "masked_fill", "nonzero",
+    # views, shapes, copies
+    "as_strided", "transpose", "cat", "flip", "unfold",
+    # factories, random, sorting, fft
+    "full_like", "bernoulli", "sort", "fft.fft",
+)
+
+QUICK_MODULES = ("nn.Linear", "nn.Conv2d", "nn.BatchNorm2d", "nn.LSTM", "nn.TransformerEncoderLayer",
+                 "nn.LazyConv1d")
+
+
+def selected_ops(op_db, full=None):
+    full = FULL if full is None else full
+    if full:
+        return list(op_db)
+    chosen = [op for op in op_db if op.full_name in QUICK_OPS]
+    missing = set(QUICK_OPS) - {op.full_name for op in chosen}
+    assert not missing, f"quick-slice ops not in op_db: {sorted(missing)}"
+    return chosen
+
+
+def selected_modules(module_db, full=None):
+    full = FULL if full is None else full
+    if full:
+        return list(module_db)
+    chosen = [m for m in module_db if m.name in QUICK_MODULES]
+    missing = set(QUICK_MODULES) - {m.name for m in chosen}
+    assert not missing, f"quick-slice modules not in module_db: {sorted(missing)}"
+    return chosen
