@@ -142,6 +142,9 @@ void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias) {
       n->storage_offset() != a->storage_offset()) {
     n->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
   }
+  // Kernels may mark an out= tensor as a conjugate or negative view.
+  if (n->is_conj() != a->is_conj()) n->_set_conj(a->is_conj());
+  if (n->is_neg() != a->is_neg()) n->_set_neg(a->is_neg());
 }
 
 }  // namespace torchneuron

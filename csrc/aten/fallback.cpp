@@ -233,6 +233,10 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // fill: run them on CPU aliases instead.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+  // addr_'s generic kernel calls addr.out(self, ...): the CPU kernel recognizes
+  // an in-place call only when it is handed self itself.
+  m.impl("addr_", torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
 // Many ops have both a CPU kernel and a generic one that every other backend

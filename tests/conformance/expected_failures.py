@@ -46,13 +46,6 @@ class XFail:
 ALL = ("float32", "float64", "bfloat16", "float16", "int64", "bool", "complex64")
 FLOATS = ("float32", "float64", "bfloat16", "float16", "complex64")
 
-_ADDR = ("[neuron bug] addr_ (CompositeExplicitAutograd only) calls at::addr_out(self, self, ...); the CPU "
-         "kernel's build_addr_iter tests `&result == &self` (C++ reference identity), which holds in an unboxed "
-         "call but never across the boxed fallback, so on neuron a 0-d or broadcastable self is expanded and "
-         "the result resized (with a deprecation warning) where the CPU raises '2D tensor expected, got 0D "
-         "tensor': `torch.tensor(1., device='neuron').addr_(torch.ones(3, device='neuron'), "
-         "torch.ones(2, device='neuron'))` returns a (3, 2) tensor. Registering addr_ itself to the fallback "
-         "(as done for conj_physical_) runs the composite on CPU aliases and fixes it")
 _SPARSE = "[unsupported] sparse layouts are not supported on neuron (dense torch.strided only), by design"
 _LCE = ("[pytorch] linear_cross_entropy's chunked path resolves acc_policy='auto' per (device, dtype): "
         "'accurate' on the CPU, the 'compact' fallback (half-precision accumulation) for unlisted "
@@ -63,20 +56,12 @@ _BN_OUT = ("[pytorch] native_batch_norm's out= CPU kernel returns garbage for a 
            "result is meaningful; the outcome varies run to run")
 
 OP_XFAILS: list[XFail] = [
-    # neuron bugs
-    XFail("addr", ALL, ("inplace",), _ADDR),
-    XFail("linalg.lu_solve", ("complex64",), ("out",),
-          "[neuron bug] the CPU kernel of linalg_lu_solve.out with left=False sets the conjugate bit on the "
-          "out= tensor (result._set_conj(true)); the fallback writes the data back but not the bit, so the "
-          "neuron out= tensor holds the conjugate of the answer"),
-    XFail("mode", ("float32", "float64", "bfloat16", "float16", "int64", "bool"), ("out",),
-          "[neuron bug] mode.values (the out= overload) is a CompositeExplicitAutograd kernel that checks "
-          "the device: 'mode only supports CPU, CUDA and XPU device type, got: neuron'; needs a PrivateUse1 "
-          "registration to the fallback"),
     # PyTorch decides per device, or is wrong on the CPU too
-    XFail("nn.functional.linear_cross_entropy.chunked", ("bfloat16", "float16"), ("backward",), _LCE),
+    # the differences sit near the tolerance, so a run may pass: not strict
+    XFail("nn.functional.linear_cross_entropy.chunked", ("bfloat16", "float16"), ("backward",), _LCE,
+          strict=False),
     XFail("nn.functional.linear_cross_entropy.chunked_none", ("bfloat16", "float16"), ("forward", "backward"),
-          _LCE),
+          _LCE, strict=False),
     XFail("native_batch_norm", FLOATS, ("out",), _BN_OUT, strict=False),
     XFail("_native_batch_norm_legit", FLOATS, ("out",), _BN_OUT, strict=False),
     # unsupported by design
