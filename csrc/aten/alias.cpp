@@ -58,12 +58,7 @@ void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
 }
 
 at::Tensor cpuAliasSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
-  auto alias = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), neuron.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(neuron.sizes(), neuron.strides(), neuron.storage_offset());
-  if (neuron.is_conj()) alias._set_conj(true);
-  if (neuron.is_neg()) alias._set_neg(true);
-  return alias;
+  return makeTensor(cpu_storage, c10::DispatchKey::CPU, neuron);
 }
 
 at::Tensor cpuAlias(const at::Tensor& neuron) {

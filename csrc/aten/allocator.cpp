@@ -150,13 +150,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     checkDevice(device);
     auto& d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mutex);
-    auto reset = [](c10::CachingAllocator::StatArray& a) {
-      for (auto& s : a) s.reset_accumulated();
-    };
-    reset(d.stats.allocation); reset(d.stats.segment); reset(d.stats.active);
-    reset(d.stats.allocated_bytes); reset(d.stats.reserved_bytes);
-    reset(d.stats.active_bytes); reset(d.stats.requested_bytes);
-    reset(d.stats.inactive_split); reset(d.stats.inactive_split_bytes);
+    forEachStat(d.stats, [](c10::CachingAllocator::Stat& s) { s.reset_accumulated(); });
     d.stats.num_alloc_retries = 0;
     d.stats.num_ooms = 0;
     d.stats.num_device_alloc = 0;
@@ -167,12 +161,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     checkDevice(device);
     auto& d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mutex);
-    auto reset = [](c10::CachingAllocator::StatArray& a) {
-      for (auto& s : a) s.reset_peak();
-    };
-    reset(d.stats.allocation); reset(d.stats.segment); reset(d.stats.active);
-    reset(d.stats.allocated_bytes); reset(d.stats.reserved_bytes);
-    reset(d.stats.active_bytes); reset(d.stats.requested_bytes);
+    forEachStat(d.stats, [](c10::CachingAllocator::Stat& s) { s.reset_peak(); });
   }
 
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
@@ -189,6 +178,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     size_t cached_bytes = 0;
     DeviceStats stats;
   };
+
+  template <class Fn>
+  static void forEachStat(DeviceStats& stats, Fn fn) {
+    for (auto* array : {&stats.allocation, &stats.segment, &stats.active, &stats.allocated_bytes,
+                        &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes,
+                        &stats.inactive_split, &stats.inactive_split_bytes})
+      for (auto& s : *array) fn(s);
+  }
 
   static void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amount, int sign) {
     const auto pool = size <= kSmallLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL;
