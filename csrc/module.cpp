@@ -3,6 +3,8 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
+#include <ATen/EmptyTensor.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
@@ -73,6 +75,42 @@ void resetTransfers() {
   s.scalar_reads = 0;
 }
 
+// Reads a tuple (or list) of Python ints into `out`; false if it is not one.
+bool intSequence(PyObject* seq, c10::SmallVector<int64_t, 6>& out) {
+  if (!PyTuple_Check(seq) && !PyList_Check(seq)) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out.resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!PyLong_Check(items[i])) return false;
+    out[i] = PyLong_AsLongLong(items[i]);
+  }
+  return true;
+}
+
+// _empty_strided(size, stride, dtype, device_index): an uninitialized neuron tensor, without the
+// argument parsing and dispatch of torch.empty_strided. Inductor's wrapper allocates every buffer
+// of a neuron graph with it (the CPU's wrapper has torch._C._dynamo.guards._empty_strided_cpu).
+PyObject* emptyStridedFast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  c10::SmallVector<int64_t, 6> size, stride;
+  TORCH_CHECK_TYPE(nargs == 4 && intSequence(args[0], size) && intSequence(args[1], stride) &&
+                   THPDtype_Check(args[2]) && PyLong_Check(args[3]),
+                   "_empty_strided(size: tuple[int], stride: tuple[int], dtype: torch.dtype, device: int)");
+  TORCH_CHECK_VALUE(size.size() == stride.size(), "_empty_strided: size has ", size.size(),
+                    " dimensions but stride has ", stride.size());
+  const auto index = static_cast<c10::DeviceIndex>(PyLong_AsLong(args[3]));
+  checkDevice(index);
+  const auto dtype = reinterpret_cast<THPDtype*>(args[2])->scalar_type;
+  return THPVariable_Wrap(at::detail::empty_strided_generic(
+      size, stride, allocatorFor(index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype));
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef kEmptyStrided = {"_empty_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
+                                 &emptyStridedFast)), METH_FASTCALL,
+                             "_empty_strided(size, stride, dtype, device_index): an uninitialized neuron tensor."};
+
 }  // namespace
 }  // namespace torchneuron
 
@@ -104,6 +142,7 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(cpu.device().is_cpu(), "expected a CPU tensor, got one on ", cpu.device());
     return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
   }, "A neuron tensor holding a copy of a CPU tensor's values.");
+  m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr()));
   m.def("_transfer_stats", &transfers);
   m.def("_host_memory_stats", &hostStats);
   m.def("_reset_transfer_stats", &resetTransfers);

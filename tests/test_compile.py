@@ -120,6 +120,52 @@ def test_second_device():
     torch.testing.assert_close(out.cpu(), model(x).detach(), **TOL)
 
 
+def _generated_code(compiled, *args):
+    """The wrapper source of every graph compiled while running compiled(*args) forward and backward."""
+    from torch._inductor.utils import run_and_get_code
+
+    def run():
+        out = compiled(*args)
+        out.sum().backward()
+        return out
+
+    _, sources = run_and_get_code(run)
+    return sources
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrapper_allocates_with_device_allocator(backend):
+    """Graph buffers come from the neuron allocator's direct entry point, on the graph's device."""
+    model = _mlp().to("neuron")
+    x, _ = _batch()
+    sources = _generated_code(torch.compile(model, backend=backend), x.to("neuron"))
+    assert len(sources) == 2  # forward and backward
+    for src in sources:
+        assert "= empty_strided_neuron(" in src and "= empty_strided(" not in src
+    torch.neuron.reset_peak_memory_stats()
+    before = torch.neuron.memory_allocated()
+    out = torch.compile(model, backend=backend)(x.to("neuron"))
+    assert torch.neuron.memory_allocated() > before and out.device.type == "neuron"
+
+
+def test_backend_neuron_leaves_input_checks_to_guards():
+    """backend="neuron" drops a forward graph's input size asserts (Dynamo guards them); backward keeps them."""
+    model = _mlp().to("neuron")
+    x, _ = _batch()
+    default_fw, default_bw = _generated_code(torch.compile(copy.deepcopy(model)), x.to("neuron"))
+    torch._dynamo.reset()
+    neuron_fw, neuron_bw = _generated_code(torch.compile(copy.deepcopy(model), backend="neuron"), x.to("neuron"))
+    assert "assert_size_stride(primals_" in default_fw
+    assert "assert_size_stride(primals_" not in neuron_fw
+    assert "assert_size_stride(" in neuron_bw and "assert_size_stride(" in default_bw
+    # The guards still protect the graph: an input of another stride recompiles, results stay right.
+    compiled = torch.compile(_mlp().to("neuron"), backend="neuron")
+    wide = torch.randn(16, 8 * 2).to("neuron")
+    with torch.no_grad():
+        for inp in (wide, wide.t().contiguous().t()):
+            torch.testing.assert_close(compiled(inp).cpu(), _mlp()(inp.cpu()), **TOL)
+
+
 def test_cpu_scalars_mixed_in():
     def f(x, scale, shift):
         return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)

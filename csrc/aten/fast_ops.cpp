@@ -98,6 +98,61 @@ struct Fast<Op, at::Tensor(Args...)> {
   }
 };
 
+// out= variants (the out tensor is their only non-const Tensor& argument): the CPU kernel writes
+// through an alias of `out`, and whatever it did to the alias (a resize, new strides) is made true
+// of `out` afterwards. An input on out's storage gets an alias over the same CPU storage (the same
+// alias when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
+class OutAlias {
+ public:
+  explicit OutAlias(at::Tensor& out) : out_(out), alias_(cpuAlias(out)) {}
+
+  at::Tensor& arg(at::Tensor&) { return alias_; }
+  at::Tensor arg(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNeuron) return t;
+    if (t.unsafeGetTensorImpl() == out_.unsafeGetTensorImpl()) return alias_;
+    if (t.storage().unsafeGetStorageImpl() == out_.storage().unsafeGetStorageImpl())
+      return cpuAliasSharing(t, alias_.storage());
+    return cpuAlias(t);
+  }
+  std::optional<at::Tensor> arg(const std::optional<at::Tensor>& t) {
+    if (!t.has_value()) return t;
+    return arg(*t);
+  }
+  template <class T>
+  const T& arg(const T& value) { return value; }
+
+  at::Tensor& finish() {
+    syncFromAlias(out_, alias_);
+    return out_;
+  }
+
+ private:
+  at::Tensor& out_;
+  at::Tensor alias_;
+};
+
+template <class... Args>
+at::Tensor& outArgument(Args&... args) {
+  at::Tensor* out = nullptr;
+  auto pick = [&](auto& a) {
+    if constexpr (std::is_same_v<std::remove_reference_t<decltype(a)>, at::Tensor>) out = &a;
+  };
+  (pick(args), ...);
+  return *out;
+}
+
+template <class Op, class... Args>
+struct Fast<Op, at::Tensor&(Args...)> {
+  static at::Tensor& call(Args... args) {
+    Scan scan;
+    (scan.add(args), ...);
+    scan.check(Op::name, Op::overload_name);
+    OutAlias out(outArgument<Args...>(args...));
+    Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), out.arg(args)...);
+    return out.finish();
+  }
+};
+
 std::string qualifiedName(const char* name, const char* overload) {
   return overload[0] ? std::string(name) + "." + overload : std::string(name);
 }
@@ -139,6 +194,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
   // indexing
   NEURON_FAST(index_select) NEURON_FAST(gather)
+  // out= variants Inductor's compiled graphs call for matrix products
+  NEURON_FAST(mm_out) NEURON_FAST(bmm_out) NEURON_FAST(addmm_out) NEURON_FAST(baddbmm_out)
 }
 
 }  // namespace torchneuron

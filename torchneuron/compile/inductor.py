@@ -40,6 +40,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+from torch._inductor.virtualized import V
 
 from . import _cache, _codegen_config, diagnostics
 
@@ -139,10 +140,20 @@ class NeuronPythonWrapperCodegen(_PythonWrapperCodegen):
         alloc_code = self.codegen_python_shape_tuple(allocation_shape if allocation_shape is not None else shape)
         stride_code = self.codegen_python_shape_tuple(stride)
         index = device.index if device.index is not None else 0
-        out = f"{name} = empty_strided({alloc_code}, {stride_code}, device='{DEVICE}:{index}', dtype={dtype})"
+        out = f"{name} = empty_strided_neuron({alloc_code}, {stride_code}, {dtype}, {index})"
         if alloc_code != shape_code:
             out += f".as_strided({shape_code}, {stride_code})"
         return out
+
+    def codegen_input_size_asserts(self) -> None:  # noqa: D102
+        if _codegen_config.forward_input_asserts or V.graph.is_backward:
+            super().codegen_input_size_asserts()
+
+    def write_header(self) -> None:  # noqa: D102
+        super().write_header()
+        # Buffers come from the device allocator without torch.empty_strided's parsing and dispatch
+        # (the CPU's wrapper has empty_strided_cpu for the same reason).
+        self.header.writeline("from torchneuron._C import _empty_strided as empty_strided_neuron")
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         # C++ kernels are called like the CPU's: a plain function over data pointers.
