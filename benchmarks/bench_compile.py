@@ -1,4 +1,4 @@
-"""torch.compile: MLP and small-GPT training steps and inference, compiled and eager, neuron versus CPU.
+"""torch.compile: MLP, CNN and small-GPT training steps and inference, compiled and eager, neuron versus CPU.
 
 Each workload runs in five variants, timed in the same interleaved rounds (the
 order rotates each round, so load drift hits all of them alike):
@@ -47,16 +47,15 @@ import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.bench_models import GPT_SHAPE, MLP_BATCH, MLP_SIZES, OPTIMIZER_IMPLS, SEED, load_gpt
+from benchmarks.bench_models import (GPT_INFER_BATCHES, GPT_SHAPE, GPT_TRAIN_BATCH, MLP_BATCH, MLP_SIZES,
+                                     OPTIMIZER_IMPLS, SEED, _mlp, load_gpt)
 from benchmarks.common import (QUICK_ROUND_MS, QUICK_ROUNDS, QUICK_WARMUP, DEFAULT_ROUND_MS, DEFAULT_WARMUP,
                                REPO_ROOT, Case, Fn, Result, Suite, busy_cpus, calibrate, device_labels,
                                format_table, make_parser, parse_devices, require_devices, synchronizer, time_round,
                                write_json, _display_path)
 
 EAGER_TARGET = 1.05
-COMPILED_TARGET = 1.10
-GPT_TRAIN_BATCH = 16
-GPT_INFER_BATCHES = (1, 32)
+COMPILED_TARGET = 1.00
 COMPILERS = ("eager", "inductor", "backend=neuron")
 
 
@@ -91,40 +90,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the cold/warm compile time measurement (fresh processes, slow)")
 
 
-def _mlp() -> nn.Module:
-    """Return the MLP of bench_models (layer sizes MLP_SIZES, ReLU between layers)."""
-    layers: list[nn.Module] = []
-    for i, (n_in, n_out) in enumerate(zip(MLP_SIZES, MLP_SIZES[1:])):
-        if i:
-            layers.append(nn.ReLU())
-        layers.append(nn.Linear(n_in, n_out))
-    return nn.Sequential(*layers)
+CNN_BATCH = 32
+CNN_IMAGE = 32
+
+
+def _cnn() -> nn.Module:
+    """Return a small convolutional classifier: two conv/batch-norm/ReLU/max-pool stages and a linear head."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (CNN_IMAGE // 4) ** 2, 10))
+
+
+def training_program(name: str, gen: torch.Generator) -> tuple[nn.Module, tuple[torch.Tensor, ...], Callable]:
+    """Return the CPU model, training batch and loss function of the "mlp", "cnn" or "gpt" workload.
+
+    Args:
+        name: which model.
+        gen: generator the batch is drawn from (the model's weights come from the global seed).
+    """
+    if name == "mlp":
+        return (_mlp(), (torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen),
+                         torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)),
+                lambda m, d: F.cross_entropy(m(d[0]), d[1]))
+    if name == "cnn":
+        return (_cnn(), (torch.randn(CNN_BATCH, 3, CNN_IMAGE, CNN_IMAGE, generator=gen),
+                         torch.randint(0, 10, (CNN_BATCH,), generator=gen)),
+                lambda m, d: F.cross_entropy(m(d[0]), d[1]))
+    gpt = load_gpt()
+    model = gpt.GPT(gpt.GPTConfig(**GPT_SHAPE))
+    tokens = torch.randint(0, GPT_SHAPE["vocab_size"], (GPT_TRAIN_BATCH, GPT_SHAPE["block_size"] + 1), generator=gen)
+    return model, (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), lambda m, d: m(d[0], d[1])[1]
 
 
 def workloads() -> tuple[list[Workload], str | None]:
     """Return the workloads, each model built once on CPU from a fixed seed, and why GPT rows are missing if they are."""
     gen = torch.Generator().manual_seed(SEED)
-    torch.manual_seed(SEED)
-    mlp = _mlp()
-    x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen)
-    y = torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)
-    mlp_name = "mlp " + "-".join(map(str, MLP_SIZES))
-    out = [
-        Workload(f"{mlp_name} train b{MLP_BATCH}", mlp, (x, y), True, lambda m, d: F.cross_entropy(m(d[0]), d[1])),
-        Workload(f"{mlp_name} infer b{MLP_BATCH}", mlp, (x,), False),
-    ]
+    out = []
+    for name in ("mlp", "cnn"):
+        torch.manual_seed(SEED)
+        model, batch, loss_of = training_program(name, gen)
+        label = "mlp " + "-".join(map(str, MLP_SIZES)) if name == "mlp" else f"cnn {CNN_IMAGE}x{CNN_IMAGE}"
+        out.append(Workload(f"{label} train b{len(batch[0])}", model, batch, True, loss_of))
+        out.append(Workload(f"{label} infer b{len(batch[0])}", model, batch[:1], False))
     try:
-        gpt = load_gpt()
+        load_gpt()
     except ImportError as exc:
         return out, str(exc)
     shape = GPT_SHAPE
     block, vocab = shape["block_size"], shape["vocab_size"]
     gpt_name = f"gpt {shape['n_layer']}L {shape['n_head']}H {shape['n_embd']}d"
     torch.manual_seed(SEED)
-    model = gpt.GPT(gpt.GPTConfig(**shape))
-    tokens = torch.randint(0, vocab, (GPT_TRAIN_BATCH, block + 1), generator=gen)
-    out.append(Workload(f"{gpt_name} train b{GPT_TRAIN_BATCH}x{block}", model,
-                        (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), True, lambda m, d: m(d[0], d[1])[1]))
+    model, batch, loss_of = training_program("gpt", gen)
+    out.append(Workload(f"{gpt_name} train b{GPT_TRAIN_BATCH}x{block}", model, batch, True, loss_of))
     for b in GPT_INFER_BATCHES:
         out.append(Workload(f"{gpt_name} infer b{b}x{block}", model,
                             (torch.randint(0, vocab, (b, block), generator=gen),), False))
@@ -253,20 +271,10 @@ _COMPILE_PROGRAM = textwrap.dedent("""
     import torch._dynamo, torch._inductor.compile_fx  # imported before timing: the figure is compile time only
     device, backend, model_name = sys.argv[1], sys.argv[2], sys.argv[3]
     sys.path.append({root!r})
-    from benchmarks.bench_compile import _mlp
-    from benchmarks.bench_models import GPT_SHAPE, MLP_BATCH, MLP_SIZES, load_gpt
+    from benchmarks.bench_compile import training_program
     torch.set_num_threads({threads})
     torch.manual_seed(0)
-    if model_name == "mlp":
-        model = _mlp()
-        data = (torch.randn(MLP_BATCH, MLP_SIZES[0]), torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,)))
-        loss_of = lambda m, d: F.cross_entropy(m(d[0]), d[1])
-    else:
-        gpt = load_gpt()
-        model = gpt.GPT(gpt.GPTConfig(**GPT_SHAPE))
-        tokens = torch.randint(0, GPT_SHAPE["vocab_size"], (16, GPT_SHAPE["block_size"] + 1))
-        data = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
-        loss_of = lambda m, d: m(d[0], d[1])[1]
+    model, data, loss_of = training_program(model_name, torch.Generator().manual_seed(0))
     model = model.to(device)
     data = tuple(t.to(device) for t in data)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
@@ -290,7 +298,7 @@ def compile_times(threads: int, models: list[str], log: Callable[[str], None]) -
 
     Args:
         threads: torch.set_num_threads value in the child processes.
-        models: "mlp" and/or "gpt".
+        models: any of "mlp", "cnn" and "gpt".
         log: receives one progress line per run.
     """
     program = _COMPILE_PROGRAM.format(root=str(REPO_ROOT), threads=threads)
@@ -339,7 +347,7 @@ def format_compile_times(rows: list[dict[str, Any]]) -> str:
 
 SUITE = Suite(
     name="compile",
-    description="torch.compile: MLP and GPT training steps and inference; eager, default backend and backend=neuron",
+    description="torch.compile: MLP, CNN and GPT training steps and inference; eager, default backend and backend=neuron",
     build_cases=lambda args: [],
     default_threads=2,
     default_rounds=20,
@@ -418,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 
     times: list[dict[str, Any]] = []
     if args.compile_times and torch.device(other).type == "neuron":
-        models = [m for m in ("mlp", "gpt") if not args.filter or args.filter in m or
+        models = [m for m in ("mlp", "cnn", "gpt") if not args.filter or args.filter in m or
                   any(args.filter in w.name and w.name.startswith(m) for w in works)]
         log("")
         times = compile_times(threads, models, log)

@@ -166,6 +166,31 @@ def test_backend_neuron_leaves_input_checks_to_guards():
             torch.testing.assert_close(compiled(inp).cpu(), _mlp()(inp.cpu()), **TOL)
 
 
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_convolutional_model(backend):
+    """A CNN compiles for inference (Inductor turns its convolutions channels-last) and for training."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 4, (4,), generator=g)
+    ref = _cnn().eval()
+    with torch.no_grad():
+        out = torch.compile(copy.deepcopy(ref).to("neuron"), backend=backend)(x.to("neuron"))
+        torch.testing.assert_close(out.cpu(), ref(x), **TOL)
+    ref.train()
+    model = copy.deepcopy(ref).to("neuron")
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        for m, inp, tgt in ((ref, x, y), (compiled, x.to("neuron"), y.to("neuron"))):
+            F.cross_entropy(m(inp), tgt).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
+
+
 def test_cpu_scalars_mixed_in():
     def f(x, scale, shift):
         return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)

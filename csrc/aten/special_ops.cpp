@@ -4,6 +4,8 @@
 // aliases of device memory.
 #include "neuron.h"
 
+#include <ATen/native/ConvUtils.h>
+
 #include <ATen/ATen.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
@@ -20,6 +22,16 @@ at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
   return cpu.defined() ? adoptOutput(cpu, device) : cpu;
 }
 
+// The memory format PyTorch expects of a convolution's output (and input/weight gradients) on
+// this device: the one it derives for the Overrideable backend, which is also what fake tensors
+// (torch.compile) assume. The CPU kernel may pick another; its result is then converted.
+at::Tensor inConvFormat(at::Tensor t, const at::Tensor& input, const at::Tensor& weight) {
+  if (!t.defined() || t.dim() != 4 && t.dim() != 5) return t;
+  const auto format =
+      at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
+  return t.is_contiguous(format) ? t : t.contiguous(format);
+}
+
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -28,7 +40,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(input), onCpu(weight), cpu_bias, stride, padding, dilation,
                              transposed, output_padding, groups);
-  return adopt(out, deviceOf(input));
+  return adopt(inConvFormat(out, input, weight), deviceOf(input));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
@@ -40,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
       onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
   const auto d = deviceOf(input);
-  return {adopt(gi, d), adopt(gw, d), adopt(gb, d)};
+  return {adopt(inConvFormat(gi, input, weight), d), adopt(inConvFormat(gw, input, weight), d), adopt(gb, d)};
 }
 
 // LSTM cell: gates = input_gates + hidden_gates (+ biases), in the order i, f, g, o.
