@@ -191,6 +191,33 @@ def test_convolutional_model(backend):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
 
 
+def test_backend_neuron_runs_convolutions_channels_last():
+    """backend="neuron" swaps a graph's 2-d convolutions for the channels-last op; outputs keep eager's layout."""
+    from torch._inductor.utils import run_and_get_code
+
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(2, 3, 10, 10)
+    ref = conv(x).detach()
+    model = copy.deepcopy(conv).to("neuron")
+    with torch.no_grad():
+        out, (src,) = run_and_get_code(torch.compile(model, backend="neuron"), x.to("neuron"))
+        default_out, (default_src,) = run_and_get_code(torch.compile(copy.deepcopy(model)), x.to("neuron"))
+    assert "torchneuron.convolution_channels_last" in src
+    assert "convolution_channels_last" not in default_src
+    for o in (out, default_out):
+        torch.testing.assert_close(o.cpu(), ref, **TOL)
+        assert o.stride() == ref.stride()  # the graph's output has the layout eager gives it
+    # The op itself, eagerly: the convolution's values, channels-last.
+    direct = torch.ops.torchneuron.convolution_channels_last(x.to("neuron"), model.weight, model.bias, [1, 1],
+                                                             [1, 1], [1, 1], False, [0, 0], 1)
+    assert direct.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(direct.cpu(), ref, **TOL)
+    with pytest.raises(ValueError, match="4-d"):
+        torch.ops.torchneuron.convolution_channels_last(torch.randn(1, 3, 8, device="neuron"),
+                                                        torch.randn(4, 3, 3, device="neuron"), None, [1], [0],
+                                                        [1], False, [0], 1)
+
+
 def test_cpu_scalars_mixed_in():
     def f(x, scale, shift):
         return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)

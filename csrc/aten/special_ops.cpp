@@ -43,6 +43,26 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   return adopt(inConvFormat(out, input, weight), deviceOf(input));
 }
 
+// torchneuron::convolution_channels_last: aten::convolution computed and returned in the
+// channels-last layout, the one the CPU's oneDNN kernels run fastest in. Compiled graphs of
+// backend="neuron" call it in place of aten::convolution (see torchneuron/compile/passes.py):
+// aten::convolution on this device has to answer in the layout PyTorch derives for an
+// out-of-tree backend (contiguous), which would cost a conversion of every output.
+at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                   c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                   c10::IntArrayRef output_padding, int64_t groups) {
+  TORCH_CHECK_VALUE(input.dim() == 4 && weight.dim() == 4,
+                    "convolution_channels_last: expected 4-d input and weight, got ", input.dim(), "-d and ",
+                    weight.dim(), "-d");
+  constexpr auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  std::optional<at::Tensor> cpu_bias;
+  if (bias && bias->defined()) cpu_bias = onCpu(*bias);
+  auto out = at::convolution(onCpu(input).contiguous(kChannelsLast), onCpu(weight).contiguous(kChannelsLast),
+                             cpu_bias, stride, padding, dilation, transposed, output_padding, groups);
+  return adopt(out.contiguous(kChannelsLast), deviceOf(input));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -169,6 +189,15 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fusedSdpChoi
 }  // namespace at::native
 
 namespace torchneuron {
+
+TORCH_LIBRARY(torchneuron, m) {
+  m.def("convolution_channels_last(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+        "int[] dilation, bool transposed, int[] output_padding, int groups) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
+  m.impl("convolution_channels_last", TORCH_FN(convolutionChannelsLast));
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution));

@@ -6,15 +6,20 @@ first compile. The backend runs Inductor's whole pipeline (AOTAutograd for
 training, decompositions, fusion, the FX graph and AOTAutograd caches) and
 generates C++ kernels that work on neuron device memory in place.
 
-:data:`OPTIONS` are Inductor options it adds on top of Inductor's defaults.
-It is empty: the candidates are unsupported on the device (``cpp_wrapper``,
-CUDA graphs) or give up safety (``freezing`` bakes parameters into inference
-graphs; ``size_asserts=False`` also drops the checks that a device kernel's
-output strides match its meta function's). What it changes instead is
-:data:`NEURON_CONFIG`, the neuron code generator's own settings: a forward
-graph does not check its inputs' sizes and strides again, because Dynamo's
-guards have just checked them (graphs AOTAutograd feeds itself, the backward
-ones, keep their checks).
+On top of Inductor's defaults it adds (:func:`options_for`):
+
+* a post-grad graph pass, :class:`~torchneuron.compile.passes.ChannelsLastConvolutions`,
+  that keeps convolutions and the activations around them channels-last, the
+  layout the device's convolution kernels run fastest in;
+* :data:`NEURON_CONFIG`, the neuron code generator's own settings: a forward
+  graph does not check its inputs' sizes and strides again, because Dynamo's
+  guards have just checked them (graphs AOTAutograd feeds itself, the
+  backward ones, keep their checks).
+
+Other candidates are left out: ``cpp_wrapper`` and CUDA graphs do not exist
+for the device, ``freezing`` bakes parameters into inference graphs, and
+``size_asserts=False`` also drops the checks that a device kernel's output
+strides match its meta function's.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from . import _cache, _codegen_config, diagnostics
 
 __all__ = ["neuron", "MODES", "OPTIONS", "NEURON_CONFIG"]
 
-# Inductor options of backend="neuron" on top of Inductor's defaults (see the module docstring).
+# Inductor options of backend="neuron" on top of Inductor's defaults, besides its graph pass
+# (see the module docstring and options_for).
 OPTIONS: dict[str, Any] = {}
 
 # Neuron code generation settings of backend="neuron" (torchneuron.compile._codegen_config). Inputs of
@@ -55,7 +61,9 @@ def options_for(mode: str | None = None, options: dict[str, Any] | None = None) 
     mode = mode or "default"
     if mode not in MODES:
         raise RuntimeError(f"Unrecognized mode={mode!r} for backend='neuron'; use one of {', '.join(MODES)}")
-    patches = {**OPTIONS, **MODES[mode]}
+    from .passes import ChannelsLastConvolutions
+
+    patches = {**OPTIONS, "post_grad_custom_post_pass": ChannelsLastConvolutions(), **MODES[mode]}
     for key, value in (options or {}).items():
         patches[key.replace("-", "_")] = value
     return patches

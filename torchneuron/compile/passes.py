@@ -1,0 +1,61 @@
+"""Graph passes of ``backend="neuron"``: rewrites of Inductor's post-grad graph for the device.
+
+Convolutions on the device run the CPU's oneDNN kernels, which are fastest in
+the channels-last layout. PyTorch, however, fixes the layout of
+``aten.convolution``'s output on an out-of-tree device to the one it derives for
+such backends (contiguous), so a compiled graph that keeps its activations
+channels-last, as Inductor does for convolutional models, would convert each
+convolution's output back. :class:`ChannelsLastConvolutions` replaces the 2-d
+convolutions of neuron graphs with ``torchneuron::convolution_channels_last``,
+the same computation whose output stays channels-last; Inductor then lays the
+surrounding fused kernels out to match. Graph outputs keep the layout eager
+mode gives them (Inductor restores the strides it recorded before the passes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+__all__ = ["ChannelsLastConvolutions", "CHANNELS_LAST_DTYPES"]
+
+aten = torch.ops.aten
+
+# Dtypes for which the CPU picks channels-last oneDNN kernels (not float64).
+CHANNELS_LAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@torch.library.register_fake("torchneuron::convolution_channels_last")
+def _convolution_channels_last_fake(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                    groups):
+    out = aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                   groups)
+    return out.contiguous(memory_format=torch.channels_last)
+
+
+def _eligible(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not aten.convolution.default:
+        return False
+    x, w = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.device.type == "neuron"
+            and x.dim() == 4 and w.dim() == 4 and x.dtype in CHANNELS_LAST_DTYPES)
+
+
+class ChannelsLastConvolutions(CustomGraphPass):
+    """Run the 2-d convolutions of neuron graphs in the channels-last layout (see the module docstring)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in graph.nodes:
+            if not _eligible(node):
+                continue
+            node.target = torch.ops.torchneuron.convolution_channels_last.default
+            val: Any = node.meta.get("val")
+            fake_mode = torch._guards.detect_fake_mode([val])
+            if fake_mode is not None:
+                with fake_mode:
+                    node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))
