@@ -22,14 +22,18 @@ at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
   return cpu.defined() ? adoptOutput(cpu, device) : cpu;
 }
 
-// The memory format PyTorch expects of a convolution's output (and input/weight gradients) on
-// this device: the one it derives for the Overrideable backend, which is also what fake tensors
-// (torch.compile) assume. The CPU kernel may pick another; its result is then converted.
-at::Tensor inConvFormat(at::Tensor t, const at::Tensor& input, const at::Tensor& weight) {
-  if (!t.defined() || t.dim() != 4 && t.dim() != 5) return t;
+// A convolution result (or gradient) computed on the CPU, as a neuron tensor in the memory format
+// PyTorch expects of it on this device: the one it derives for the Overrideable backend, which is
+// also what fake tensors (torch.compile) assume. When the CPU kernel picked another format, the
+// result is converted straight into device memory from the caching allocator.
+at::Tensor adoptInConvFormat(const at::Tensor& t, const at::Tensor& input, const at::Tensor& weight) {
+  if (!t.defined() || t.dim() != 4 && t.dim() != 5) return adopt(t, deviceOf(input));
   const auto format =
       at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
-  return t.is_contiguous(format) ? t : t.contiguous(format);
+  if (t.is_contiguous(format)) return adopt(t, deviceOf(input));
+  auto out = at::empty(t.sizes(), t.options().device(input.device()).memory_format(format));
+  cpuAlias(out).copy_(t);
+  return out;
 }
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -40,7 +44,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(input), onCpu(weight), cpu_bias, stride, padding, dilation,
                              transposed, output_padding, groups);
-  return adopt(inConvFormat(out, input, weight), deviceOf(input));
+  return adoptInConvFormat(out, input, weight);
 }
 
 // torchneuron::convolution_channels_last: aten::convolution computed and returned in the
@@ -72,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
       onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
   const auto d = deviceOf(input);
-  return {adopt(inConvFormat(gi, input, weight), d), adopt(inConvFormat(gw, input, weight), d), adopt(gb, d)};
+  return {adoptInConvFormat(gi, input, weight), adoptInConvFormat(gw, input, weight), adopt(gb, d)};
 }
 
 // LSTM cell: gates = input_gates + hidden_gates (+ biases), in the order i, f, g, o.
