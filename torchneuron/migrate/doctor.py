@@ -38,6 +38,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..neuron.memory import _format_size
 from . import cuda_compat
 from .runner import run_script
 
@@ -329,11 +330,7 @@ def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+    return _format_size(n, digits=1)
 
 
 def _where(d: dict[str, Any], base: str) -> str:

@@ -82,12 +82,13 @@ def host_memory_stats() -> "OrderedDict[str, Any]":
     return OrderedDict(sorted(_C._host_memory_stats().items()))
 
 
-def _format_size(n: int) -> str:
+def _format_size(n: float, digits: int = 2) -> str:
+    """Return a byte count as text in B, KiB, MiB or GiB with ``digits`` decimals (none for bytes)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1024
-    return f"{n:.2f} GiB"
+    return f"{n:.{digits}f} GiB"
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
