@@ -25,15 +25,18 @@ at::Tensor makeTensor(c10::Storage storage, c10::DispatchKey key, const at::Tens
 
 // Moves the buffer of a CPU storage into device memory of `device`. The
 // storage is left empty; its bytes now belong to the returned DataPtr.
+c10::DataPtr copyBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
+  const size_t nbytes = storage->nbytes();
+  c10::DataPtr fresh = allocateOn(device, nbytes);
+  if (nbytes > 0) rt::memcpy(fresh.get(), storage->data(), nbytes, rt::CopyKind::HostToDevice);
+  return fresh;
+}
+
 c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   const auto& current = storage->data_ptr();
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
-  if (!owned) {  // not ours to take: copy instead
-    c10::DataPtr fresh = allocateOn(device, nbytes);
-    if (nbytes > 0) rt::memcpy(fresh.get(), current.get(), nbytes, rt::CopyKind::HostToDevice);
-    return fresh;
-  }
+  if (!owned) return copyBuffer(storage, device);  // not ours to take: copy instead
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   return adoptHostBuffer(std::move(host), nbytes, device);
 }
@@ -91,6 +94,11 @@ at::Tensor cpuView(const at::Tensor& neuron) {
   auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
                                                     std::move(ptr), nullptr, /*resizable=*/false);
   return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+}
+
+c10::Storage copyStorage(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+      cpu_storage->nbytes(), copyBuffer(cpu_storage, device), deviceAllocator(), /*resizable=*/true));
 }
 
 at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like) {

@@ -7,6 +7,7 @@
 // tensors on the op's device without a copy.
 #include "neuron.h"
 
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/util/SmallVector.h>
@@ -43,7 +44,13 @@ class Call {
 
   at::Tensor toCpu(const at::Tensor& t, const c10::Argument& arg, bool written) {
     if (!t.defined()) return t;
+    nested_ = nested_ || t.is_nested();
     const auto device = t.device();
+    if (device.type() == kNeuron && t.is_nested()) {
+      noteDevice(device, arg);
+      aliases_.push_back(Alias{t, nestedCpuAlias(t), written});
+      return aliases_.back().cpu;
+    }
     if (device.type() == kNeuron) {
       noteDevice(device, arg);
       for (auto& a : aliases_) {  // the same tensor twice (self and out=self): one alias, as on the CPU
@@ -108,6 +115,8 @@ class Call {
         if (device.has_index()) checkDevice(device.index());
         noteDevice(device, arg);
         iv = c10::Device(c10::kCPU);
+      } else if (iv.isDevice() && iv.toDevice().is_cpu()) {
+        to_cpu_ = true;
       }
     }
     if (device_ < 0) device_ = currentDevice();
@@ -133,7 +142,13 @@ class Call {
 
   void reflectWrites() {
     for (const auto& a : aliases_)
-      if (a.written) syncFromAlias(a.neuron, a.cpu);
+      if (a.written && !a.neuron.is_nested()) syncFromAlias(a.neuron, a.cpu);
+  }
+
+  // The keys to run the CPU kernel under: nested arguments take the CPU's nested-tensor kernels.
+  c10::DispatchKeySet cpuKeys() const {
+    return nested_ ? c10::DispatchKeySet({c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::CPU})
+                   : c10::DispatchKeySet(c10::DispatchKey::CPU);
   }
 
   at::Tensor toNeuron(at::Tensor out) {
@@ -141,8 +156,7 @@ class Call {
     auto* impl = out.unsafeGetTensorImpl();
     for (const auto& a : aliases_)  // an in-place op returns its argument
       if (a.cpu.unsafeGetTensorImpl() == impl) return a.neuron;
-    TORCH_CHECK_NOT_IMPLEMENTED(!out.is_nested(),
-        op_.schema().operator_name(), " produced a nested tensor; nested tensors are not supported on neuron yet.");
+    if (out.is_nested()) return nestedToNeuron(std::move(out));
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
         op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
         ", which neuron does not support; only dense (torch.strided) tensors are.");
@@ -156,12 +170,7 @@ class Call {
       if (cpu_storage == storage) return wrapStorage(neuron_storage, out);
     if (out.use_count() > 1 || out.storage().use_count() > 1 + shared_outputs_) {
       // Someone else holds this buffer: copy it, leave theirs alone.
-      c10::DataPtr fresh = allocateOn(device_, storage->nbytes());
-      if (storage->nbytes() > 0)
-        rt::memcpy(fresh.get(), storage->data(), storage->nbytes(), rt::CopyKind::HostToDevice);
-      c10::Storage copied(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-          storage->nbytes(), std::move(fresh), deviceAllocator(), true));
-      return wrapStorage(std::move(copied), out);
+      return wrapStorage(copyStorage(storage, device_), out);
     }
     c10::Storage adopted = adoptStorage(storage, device_);
     adopted_.emplace_back(storage, adopted);
@@ -192,6 +201,32 @@ class Call {
   }
 
  private:
+  // A CPU nested tensor over the memory of a neuron one (same nested sizes, strides and offsets).
+  static at::Tensor nestedCpuAlias(const at::Tensor& t) {
+    const auto* nt = at::native::get_nested_tensor_impl(t);
+    return at::detail::make_tensor<at::native::NestedTensorImpl>(
+        cpuAlias(nt->get_unsafe_storage_as_tensor()), nt->get_nested_sizes(), nt->get_nested_strides(),
+        nt->get_storage_offsets());
+  }
+
+  // A nested CPU result as a neuron nested tensor: its buffer is an argument's (a view), or is
+  // adopted (copied when someone else holds it). With an explicit device=cpu it stays on the CPU.
+  at::Tensor nestedToNeuron(at::Tensor out) {
+    if (to_cpu_) return out;
+    const auto* nt = at::native::get_nested_tensor_impl(out);
+    auto* storage = out.storage().unsafeGetStorageImpl();
+    c10::Storage device_storage;
+    for (const auto& a : aliases_)
+      if (a.cpu.storage().unsafeGetStorageImpl() == storage) device_storage = a.neuron.storage();
+    const bool exclusive = out.use_count() == 1 && out.storage().use_count() == 1;
+    const at::Tensor like = nt->get_unsafe_storage_as_tensor();  // the whole buffer, 1-d
+    if (!device_storage)
+      device_storage = exclusive ? adoptStorage(storage, device_) : copyStorage(storage, device_);
+    auto buffer = wrapStorage(std::move(device_storage), like);
+    return at::detail::make_tensor<at::native::NestedTensorImpl>(
+        buffer, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
+  }
+
   // Several returned tensors may share one new buffer (each holds a reference).
   void countSharedOutputs(torch::jit::Stack* stack, size_t first) {
     c10::SmallVector<const c10::StorageImpl*, 4> seen;
@@ -213,12 +248,14 @@ class Call {
   c10::DeviceIndex device_ = -1;
   const c10::Argument* cpu_arg_ = nullptr;
   size_t shared_outputs_ = 0;
+  bool to_cpu_ = false;  // an explicit device=cpu argument
+  bool nested_ = false;  // a nested tensor among the arguments
 };
 
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   Call call(op);
   call.convertArguments(stack);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  op.redispatchBoxed(call.cpuKeys(), stack);
   call.reflectWrites();
   call.convertReturns(stack);
 }
@@ -226,6 +263,11 @@ void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+}
+
+// Nested tensors on the device run the CPU's nested-tensor kernels the same way.
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
@@ -247,13 +289,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // explicitly for each such op. Views keep their generic kernels.
 void preferCpuKernels() {
   static torch::Library* library = nullptr;
+  static torch::Library* nested = nullptr;
   if (library != nullptr) return;
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  nested = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__,
+                              __LINE__);
+  const auto fallback = [] { return torch::CppFunction::makeFromBoxedFunction<&neuronFallback>(); };
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = dispatcher.findOp(name);
     if (!op || !op->hasSchema()) continue;
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+    // Nested tensors: the CPU's nested kernel, also where a generic kernel would otherwise win.
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
+      nested->impl(qualified.c_str(), fallback());
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
         op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
       continue;
@@ -264,9 +316,7 @@ void preferCpuKernels() {
     for (const auto& ret : op->schema().returns())
       if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) is_view = true;
     if (is_view) continue;
-    std::string qualified = name.name.substr(6);
-    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+    library->impl(qualified.c_str(), fallback());
   }
 }
 

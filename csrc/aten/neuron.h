@@ -61,6 +61,8 @@ at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device);
 // buffer, and a neuron tensor over a storage with the metadata of `like`.
 c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
 at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like);
+// A device storage holding a copy of a CPU storage's bytes (for buffers that are not ours to take).
+c10::Storage copyStorage(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
 // Turns a CPU tensor that nothing else references into a neuron tensor over
 // `storage` (same sizes, strides and offset), reusing its TensorImpl.
 at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage);
