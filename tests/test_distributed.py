@@ -176,12 +176,15 @@ def _both(name, fn):
 
 
 def _scenario_collectives() -> None:
+    import gc
+    import weakref
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.distributed import ReduceOp
+    from torchneuron import _C
 
     dist.init_process_group("cpu:gloo,neuron:neuron")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -381,8 +384,23 @@ def _scenario_collectives() -> None:
     stats = torch.neuron.transfer_stats()
     assert stats["host_to_device_bytes"] == 0 and stats["device_to_host_bytes"] == 0, stats
 
-    from torchneuron.distributed.work import live_count
-    assert live_count() == 0, f"{live_count()} work handles still alive"
+    # A handle nobody waits on (or whose future nobody waits on) holds its tensors only until the
+    # collective has ended and the handle is dropped.
+    gc.collect()
+    base = torch.neuron.memory_allocated()
+    t = torch.ones(1 << 18, device="neuron")
+    ref = weakref.ref(t)
+    w = dist.all_reduce(t, async_op=True)
+    f = dist.broadcast(t, 1, async_op=True).get_future()
+    assert torch.neuron.memory_allocated() == base + 4 * (1 << 18)
+    del t, w, f
+    deadline = time.monotonic() + 30
+    while (ref() is not None or torch.neuron.memory_allocated() != base) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ref() is None and torch.neuron.memory_allocated() == base, (ref(), torch.neuron.memory_allocated(), base)
+
+    gc.collect()
+    assert _C._live_work_count() == 0, f"{_C._live_work_count()} work handles still alive"
     dist.destroy_process_group()
     print("COLLECTIVES OK", flush=True)
 
@@ -418,12 +436,14 @@ def _train(model, batches, device, shard=None):
 
 def _scenario_training() -> None:
     import copy
+    import gc
 
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torchneuron import _C
 
     rank = int(os.environ["RANK"])
     device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
@@ -499,8 +519,9 @@ def _scenario_training() -> None:
     torch.testing.assert_close(distribute_tensor(x.to(device), mesh, [Shard(1)]).sum().full_tensor().cpu(), x.sum(),
                                rtol=1e-5, atol=1e-5)
 
-    from torchneuron.distributed.work import live_count
-    assert live_count() == 0, f"{live_count()} work handles still alive"
+    del ddp, fsdp, restored, state
+    gc.collect()
+    assert _C._live_work_count() == 0, f"{_C._live_work_count()} work handles still alive"
     dist.destroy_process_group()
     print("TRAINING OK", flush=True)
 
