@@ -7,12 +7,20 @@
 Run plainly, the script starts its own worker processes on 127.0.0.1. The
 workers open one process group, ``"cpu:gloo,neuron:neuron"``: CPU tensors go
 to a plain gloo backend and neuron tensors to the neuron backend, which runs
-gloo on the device memory itself. For each size the two alternate round by
-round (which goes first alternates too); a round times ``inner`` float32
-``all_reduce(SUM)`` calls. Times are the slowest rank's, figures are medians
-over rounds, and the ratio is neuron bandwidth / CPU bandwidth in the same
-round (target >= 0.95). Bandwidth is the bus bandwidth of nccl-tests:
-bytes / time * 2 (n - 1) / n.
+gloo on the device memory itself.
+
+For each size the two alternate in short rounds: a round times ``inner``
+float32 ``all_reduce(SUM)`` calls (about ``round_ms`` of work, at least one
+call), a CPU round and a neuron round make a pair, and which of the two goes
+first alternates from pair to pair. Pairs are timed for ``budget`` seconds
+per size (at least ``rounds`` pairs). A small all_reduce over loopback takes
+well under a millisecond but swings by hundreds of microseconds with the
+machine's load, so the two sides are compared in many pairs a few
+milliseconds apart rather than in a few long rounds: whatever the load does,
+it does to both sides of a pair. Times are the slowest rank's, figures are
+medians over rounds, and the ratio is the median over pairs of neuron
+bandwidth / CPU bandwidth (target >= 0.95). Bandwidth is the bus bandwidth of
+nccl-tests: bytes / time * 2 (n - 1) / n.
 """
 
 from __future__ import annotations
@@ -69,6 +77,14 @@ def _time_round(tensor, inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+def _plan(tensor, args: argparse.Namespace) -> tuple[int, int]:
+    """Calls per round and timed pairs for one size: about round_ms per round and budget per size."""
+    per_call = statistics.median(_time_round(tensor, 1) for _ in range(5))
+    inner = max(1, min(1000, round(args.round_ms * 1e-3 / max(per_call, 1e-9))))
+    pairs = max(args.rounds, min(100_000, int(args.budget / (2 * inner * max(per_call, 1e-9)))))
+    return inner, pairs
+
+
 def _worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -84,13 +100,12 @@ def _worker(args: argparse.Namespace) -> int:
         tensors = {"cpu": torch.zeros(n), "neuron": torch.zeros(n, device=device)}  # sums stay 0
         for t in tensors.values():
             _time_round(t, 2)
-        # Calls per round: about round_ms of work, agreed on by all ranks.
-        per_call = _time_round(tensors["cpu"], 3)
-        inner = torch.tensor([max(1, min(1000, round(args.round_ms * 1e-3 / max(per_call, 1e-9))))])
-        dist.broadcast(inner, 0)
-        inner = int(inner)
+        # All ranks must run the same calls: rank 0's plan is everyone's.
+        plan = torch.tensor(_plan(tensors["cpu"], args))
+        dist.broadcast(plan, 0)
+        inner, pairs = (int(x) for x in plan)
         samples = {"cpu": [], "neuron": []}
-        for r in range(args.warmup + args.rounds):
+        for r in range(args.warmup + pairs):
             order = ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu")
             for label in order:
                 t = _time_round(tensors[label], inner)
@@ -102,7 +117,7 @@ def _worker(args: argparse.Namespace) -> int:
         cpu_s, neuron_s = stacked.tolist()
         busbw = lambda s: size / s * 2 * (world - 1) / world / 1e9  # noqa: E731  (GB/s)
         ratios = [c / x for c, x in zip(cpu_s, neuron_s)]  # neuron bandwidth / cpu bandwidth
-        row = {"bytes": size, "inner": inner, "cpu_median_s": statistics.median(cpu_s),
+        row = {"bytes": size, "inner": inner, "rounds": pairs, "cpu_median_s": statistics.median(cpu_s),
                "neuron_median_s": statistics.median(neuron_s), "cpu_busbw_gbs": busbw(statistics.median(cpu_s)),
                "neuron_busbw_gbs": busbw(statistics.median(neuron_s)), "ratio": statistics.median(ratios),
                "cpu_rounds_s": cpu_s, "neuron_rounds_s": neuron_s}
@@ -110,7 +125,7 @@ def _worker(args: argparse.Namespace) -> int:
         rows.append(row)
         if rank == 0:
             print(f"  {_fmt_size(size)}: cpu {row['cpu_busbw_gbs']:.3f} GB/s  neuron {row['neuron_busbw_gbs']:.3f}"
-                  f" GB/s  ratio {row['ratio']:.3f}  (inner {inner})", file=sys.stderr, flush=True)
+                  f" GB/s  ratio {row['ratio']:.3f}  ({pairs} pairs of {inner} calls)", file=sys.stderr, flush=True)
         del tensors
     if rank == 0:
         table = _table(rows, world)
@@ -135,7 +150,7 @@ def _table(rows: list[dict], world: int) -> str:
     passed = sum(r["ok"] for r in rows)
     return "\n".join([f"all_reduce(SUM, float32), {world} processes on 127.0.0.1",
                       line(header), line(["-" * w for w in widths]), *(line(b) for b in body),
-                      "ratio = median over rounds of neuron bandwidth / cpu bandwidth in the same round; "
+                      "ratio = median over pairs of adjacent rounds of neuron bandwidth / cpu bandwidth; "
                       f"{passed} of {len(rows)} sizes within target."])
 
 
@@ -149,7 +164,7 @@ def _write_json(path: Path, rows: list[dict], args: argparse.Namespace, world: i
         "description": "all_reduce bus bandwidth, neuron tensors (neuron backend) vs CPU tensors (gloo)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "settings": {"world_size": world, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
-                     "max_bytes": args.max_bytes, "target": TARGET},
+                     "budget_s": args.budget, "max_bytes": args.max_bytes, "target": TARGET},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform(), "cpu_count": os.cpu_count()},
         "results": rows,
@@ -186,11 +201,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"sizes up to {_fmt_size(QUICK_MAX)}, 5 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"sizes up to {_fmt_size(QUICK_MAX)}, 1 s per size, at least 5 pairs")
     parser.add_argument("--max-size", type=str, default=None, help="largest size, e.g. 64MiB (default 256MiB)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per device (default 15, quick 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per device (default 1)")
-    parser.add_argument("--round-ms", type=float, default=None, help="target length of a round (default 50, quick 20)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="least number of timed pairs of rounds per size (default 15, quick 5)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of timed pairs per size, unless --rounds pairs take longer (default 4, quick 1)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed pairs per size (default 3)")
+    parser.add_argument("--round-ms", type=float, default=None,
+                        help="target length of a round; a round has at least one call (default 2)")
     parser.add_argument("--nproc", type=int, default=2, help="worker processes when self-launched (default 2)")
     parser.add_argument("--json", default=str(RESULTS), help=f"JSON output (default {RESULTS})")
     parser.add_argument("--no-json", action="store_true", help="do not write JSON")
@@ -205,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.max_bytes = QUICK_MAX if args.quick else FULL_MAX
     args.rounds = args.rounds or (5 if args.quick else 15)
-    args.round_ms = args.round_ms or (20.0 if args.quick else 50.0)
+    args.budget = args.budget or (1.0 if args.quick else 4.0)
+    args.round_ms = args.round_ms or 2.0
     return _worker(args)
 
 

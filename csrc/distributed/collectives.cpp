@@ -86,13 +86,18 @@ class Call {
   }
 
   // The handle to return for the backend's `work`, whose results are the
-  // neuron `outputs`. With async_op=False the caller only waits on it, so the
-  // collective is finished here, where its error can be described.
-  WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs, bool async_op = true) {
+  // neuron `outputs`.
+  //
+  // It is returned in flight even with async_op=False, as PyTorch's CPU
+  // kernels return gloo's: the caller waits on it right away, and its wait()
+  // raises the described error. Waiting here instead would keep the caller
+  // from doing its own part of the call (returning through the dispatcher and
+  // pybind, making the Python handle) while gloo runs, which costs a few
+  // percent of a small all_reduce's time.
+  WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs) {
     if (!gloo_) return work;  // another backend took the neuron tensors as they are
-    const Collective what{name_, group_.getRank(), group_.getSize()};
-    if (!async_op) runToEnd(*work, what);
-    return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs), what, type_);
+    return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs),
+                                           Collective{name_, group_.getRank(), group_.getSize()}, type_);
   }
 
  private:
@@ -127,7 +132,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> broadcast(at::TensorList tensors, c
   opts.asyncOp = async_op;
   auto host = c.host(tensors);
   auto outputs = tensors.vec();
-  auto work = c.done(c->broadcast(host, opts), outputs, async_op);
+  auto work = c.done(c->broadcast(host, opts), outputs);
   return {std::move(outputs), std::move(work)};
 }
 
@@ -142,7 +147,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> allreduce(at::TensorList tensors, c
   opts.asyncOp = async_op;
   auto host = c.host(tensors);
   auto outputs = tensors.vec();
-  auto work = c.done(c->allreduce(host, opts), outputs, async_op);
+  auto work = c.done(c->allreduce(host, opts), outputs);
   return {std::move(outputs), std::move(work)};
 }
 
@@ -154,7 +159,7 @@ WorkPtr allreduceCoalesced(at::TensorList tensors, const GroupPtr& group, const 
   opts.timeout = ms(timeout);
   opts.asyncOp = async_op;
   auto host = c.host(tensors);
-  return c.done(c->allreduce_coalesced(host, opts), tensors.vec(), async_op);
+  return c.done(c->allreduce_coalesced(host, opts), tensors.vec());
 }
 
 std::tuple<TensorLists, WorkPtr> allgather(const TensorLists& output_tensors, at::TensorList input_tensors,
@@ -165,7 +170,7 @@ std::tuple<TensorLists, WorkPtr> allgather(const TensorLists& output_tensors, at
   opts.asyncOp = async_op;
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
-  auto work = c.done(c->allgather(outputs, inputs, opts), flat(output_tensors), async_op);
+  auto work = c.done(c->allgather(outputs, inputs, opts), flat(output_tensors));
   return {output_tensors, std::move(work)};
 }
 
@@ -177,7 +182,7 @@ std::tuple<at::Tensor, WorkPtr> allgatherBase(at::Tensor& output_tensor, at::Ten
   opts.asyncOp = async_op;
   auto output = c.host(output_tensor);
   auto input = c.host(input_tensor);
-  auto work = c.done(c->_allgather_base(output, input, opts), {output_tensor}, async_op);
+  auto work = c.done(c->_allgather_base(output, input, opts), {output_tensor});
   return {output_tensor, std::move(work)};
 }
 
@@ -188,7 +193,7 @@ WorkPtr allgatherCoalesced(const TensorLists& output_lists, const at::TensorList
   opts.asyncOp = async_op;
   auto outputs = c.host(output_lists);
   auto inputs = c.host(input_list);
-  return c.done(c->allgather_coalesced(outputs, inputs, opts), flat(output_lists), async_op);
+  return c.done(c->allgather_coalesced(outputs, inputs, opts), flat(output_lists));
 }
 
 WorkPtr allgatherIntoTensorCoalesced(at::TensorList outputs, at::TensorList inputs, const GroupPtr& group,
@@ -198,7 +203,7 @@ WorkPtr allgatherIntoTensorCoalesced(at::TensorList outputs, at::TensorList inpu
   opts.asyncOp = async_op;
   auto host_outputs = c.host(outputs);
   auto host_inputs = c.host(inputs);
-  return c.done(c->allgather_into_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec(), async_op);
+  return c.done(c->allgather_into_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec());
 }
 
 std::tuple<std::vector<at::Tensor>, WorkPtr> reduceScatter(const at::TensorList& output_tensors,
@@ -213,7 +218,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> reduceScatter(const at::TensorList&
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
-  auto work = c.done(c->reduce_scatter(outputs, inputs, opts), result, async_op);
+  auto work = c.done(c->reduce_scatter(outputs, inputs, opts), result);
   return {std::move(result), std::move(work)};
 }
 
@@ -227,7 +232,7 @@ std::tuple<at::Tensor, WorkPtr> reduceScatterBase(at::Tensor& output_tensor, at:
   opts.asyncOp = async_op;
   auto output = c.host(output_tensor);
   auto input = c.host(input_tensor);
-  auto work = c.done(c->_reduce_scatter_base(output, input, opts), {output_tensor}, async_op);
+  auto work = c.done(c->_reduce_scatter_base(output, input, opts), {output_tensor});
   return {output_tensor, std::move(work)};
 }
 
@@ -240,7 +245,7 @@ WorkPtr reduceScatterTensorCoalesced(at::TensorList outputs, at::TensorList inpu
   opts.asyncOp = async_op;
   auto host_outputs = c.host(outputs);
   auto host_inputs = c.host(inputs);
-  return c.done(c->reduce_scatter_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec(), async_op);
+  return c.done(c->reduce_scatter_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec());
 }
 
 WorkPtr reduce(at::TensorList tensors, const GroupPtr& group, const ReduceOpPtr& reduce_op, int64_t root_rank,
@@ -253,7 +258,7 @@ WorkPtr reduce(at::TensorList tensors, const GroupPtr& group, const ReduceOpPtr&
   opts.timeout = ms(timeout);
   opts.asyncOp = async_op;
   auto host = c.host(tensors);
-  return c.done(c->reduce(host, opts), tensors.vec(), async_op);
+  return c.done(c->reduce(host, opts), tensors.vec());
 }
 
 WorkPtr gather(const TensorLists& output_tensors, const at::TensorList& input_tensors, const GroupPtr& group,
@@ -265,7 +270,7 @@ WorkPtr gather(const TensorLists& output_tensors, const at::TensorList& input_te
   opts.asyncOp = async_op;
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
-  return c.done(c->gather(outputs, inputs, opts), flat(output_tensors), async_op);
+  return c.done(c->gather(outputs, inputs, opts), flat(output_tensors));
 }
 
 std::tuple<std::vector<at::Tensor>, WorkPtr> scatter(const at::TensorList& output_tensors,
@@ -279,7 +284,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> scatter(const at::TensorList& outpu
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
-  auto work = c.done(c->scatter(outputs, inputs, opts), result, async_op);
+  auto work = c.done(c->scatter(outputs, inputs, opts), result);
   return {std::move(result), std::move(work)};
 }
 
@@ -293,7 +298,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> alltoall(const at::TensorList& outp
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
-  auto work = c.done(c->alltoall(outputs, inputs, opts), result, async_op);
+  auto work = c.done(c->alltoall(outputs, inputs, opts), result);
   return {std::move(result), std::move(work)};
 }
 
@@ -307,7 +312,7 @@ WorkPtr alltoallBase(at::Tensor& output, at::Tensor& input, const GroupPtr& grou
   auto host_output = c.host(output);
   auto host_input = c.host(input);
   auto work = c->alltoall_base(host_output, host_input, output_split_sizes, input_split_sizes, opts);
-  return c.done(std::move(work), {output}, async_op);
+  return c.done(std::move(work), {output});
 }
 
 WorkPtr barrier(at::Tensor /* selects the device */, const GroupPtr& group, const std::vector<int64_t>& device_ids,
@@ -317,7 +322,7 @@ WorkPtr barrier(at::Tensor /* selects the device */, const GroupPtr& group, cons
   opts.device_ids = device_ids;
   opts.timeout = ms(timeout);
   opts.asyncOp = async_op;
-  return c.done(c->barrier(opts), {}, async_op);
+  return c.done(c->barrier(opts), {});
 }
 
 WorkPtr send(at::TensorList tensors, const GroupPtr& group, int64_t dst_rank, int64_t tag) {

@@ -89,14 +89,6 @@ std::exception_ptr collectiveError(const Collective& what, const std::exception_
   return distBackendError(describeFailure(what, message));
 }
 
-void runToEnd(c10d::Work& work, const Collective& what) {
-  try {
-    work.wait();
-  } catch (...) {
-    std::rethrow_exception(collectiveError(what, std::current_exception()));
-  }
-}
-
 // ---- NeuronWork ------------------------------------------------------------
 
 std::atomic<int64_t> NeuronWork::live_{0};

@@ -31,9 +31,6 @@ std::string describeFailure(const Collective& what, const std::string& error);
 // already is one).
 std::exception_ptr collectiveError(const Collective& what, const std::exception_ptr& error);
 
-// Waits for `work` in the calling thread; raises collectiveError if it failed.
-void runToEnd(c10d::Work& work, const Collective& what);
-
 // The handle of a collective that gloo runs on CPU views of neuron tensors.
 // Gloo's own handle would give the CPU views as the result and raise gloo's
 // bare errors; this one gives the neuron tensors (result(), and the value of
