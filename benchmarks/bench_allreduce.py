@@ -5,9 +5,13 @@
     torchrun --nproc-per-node 2 benchmarks/bench_allreduce.py   # under a launcher of your own
 
 Run plainly, the script starts its own worker processes on 127.0.0.1. The
-workers open one process group, ``"cpu:gloo,neuron:neuron"``: CPU tensors go
-to a plain gloo backend and neuron tensors to the neuron backend, which runs
-gloo on the device memory itself.
+workers open one process group with the ``neuron`` backend, whose gloo serves
+both sides: CPU tensors reach it through PyTorch's own c10d kernels, neuron
+tensors through the neuron kernels, which hand gloo the device memory itself.
+The two sides share gloo's threads and connections, so only the kernels
+differ. (``--backend cpu:gloo,neuron:neuron`` gives each side its own gloo
+instead; on a busy machine the scheduler may then favour one side's threads
+for a while.)
 
 For each size the two alternate in short rounds: a round times ``inner``
 float32 ``all_reduce(SUM)`` calls (about ``round_ms`` of work, at least one
@@ -78,11 +82,27 @@ def _time_round(tensor, inner: int) -> float:
 
 
 def _plan(tensor, args: argparse.Namespace) -> tuple[int, int]:
-    """Calls per round and timed pairs for one size: about round_ms per round and budget per size."""
-    per_call = statistics.median(_time_round(tensor, 1) for _ in range(5))
-    inner = max(1, min(1000, round(args.round_ms * 1e-3 / max(per_call, 1e-9))))
-    pairs = max(args.rounds, min(100_000, int(args.budget / (2 * inner * max(per_call, 1e-9)))))
-    return inner, pairs
+    """Calls per round and timed groups for one size: about round_ms per round and budget per size."""
+    per_call = max(statistics.median(_time_round(tensor, 1) for _ in range(5)), 1e-9)
+    inner = max(1, min(1000, round(args.round_ms * 1e-3 / per_call)))
+    groups = max(args.rounds, min(100_000, int(args.budget / (4 * inner * per_call))))
+    return inner, groups
+
+
+def _measure(tensors: dict, inner: int, groups: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Per-round times of each side, timed in groups of 4 rounds: cpu, neuron, neuron, cpu or the reverse.
+
+    Rounds i and i + 1 of a side (i even) belong to the same group."""
+    samples: dict[str, list[float]] = {"cpu": [], "neuron": []}
+    for g in range(warmup + groups):
+        # cpu, neuron, neuron, cpu, then neuron, cpu, cpu, neuron: each side has each position
+        # equally often, and a steady drift within a group hits both sides alike.
+        first, second = ("cpu", "neuron") if g % 2 == 0 else ("neuron", "cpu")
+        for label in (first, second, second, first):
+            t = _time_round(tensors[label], inner)
+            if g >= warmup:
+                samples[label].append(t)
+    return samples["cpu"], samples["neuron"]
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -91,7 +111,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     import torchneuron  # noqa: F401  (registers the neuron device and backend)
 
-    dist.init_process_group("cpu:gloo,neuron:neuron")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("neuron", torch.neuron.current_device())
     rows = []
@@ -103,21 +123,16 @@ def _worker(args: argparse.Namespace) -> int:
         # All ranks must run the same calls: rank 0's plan is everyone's.
         plan = torch.tensor(_plan(tensors["cpu"], args))
         dist.broadcast(plan, 0)
-        inner, pairs = (int(x) for x in plan)
-        samples = {"cpu": [], "neuron": []}
-        for r in range(args.warmup + pairs):
-            order = ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu")
-            for label in order:
-                t = _time_round(tensors[label], inner)
-                if r >= args.warmup:
-                    samples[label].append(t)
+        inner, groups = (int(x) for x in plan)
+        cpu_s, neuron_s = _measure(tensors, inner, groups, args.warmup)
         # Each round's time is that of the slowest rank.
-        stacked = torch.tensor([samples["cpu"], samples["neuron"]], dtype=torch.float64)
+        stacked = torch.tensor([cpu_s, neuron_s], dtype=torch.float64)
         dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
         cpu_s, neuron_s = stacked.tolist()
         busbw = lambda s: size / s * 2 * (world - 1) / world / 1e9  # noqa: E731  (GB/s)
-        ratios = [c / x for c, x in zip(cpu_s, neuron_s)]  # neuron bandwidth / cpu bandwidth
-        row = {"bytes": size, "inner": inner, "rounds": pairs, "cpu_median_s": statistics.median(cpu_s),
+        # Neuron bandwidth / cpu bandwidth in each group of 4 rounds (2 per side).
+        ratios = [(cpu_s[i] + cpu_s[i + 1]) / (neuron_s[i] + neuron_s[i + 1]) for i in range(0, len(cpu_s), 2)]
+        row = {"bytes": size, "inner": inner, "rounds": 2 * groups, "cpu_median_s": statistics.median(cpu_s),
                "neuron_median_s": statistics.median(neuron_s), "cpu_busbw_gbs": busbw(statistics.median(cpu_s)),
                "neuron_busbw_gbs": busbw(statistics.median(neuron_s)), "ratio": statistics.median(ratios),
                "cpu_rounds_s": cpu_s, "neuron_rounds_s": neuron_s}
@@ -125,7 +140,8 @@ def _worker(args: argparse.Namespace) -> int:
         rows.append(row)
         if rank == 0:
             print(f"  {_fmt_size(size)}: cpu {row['cpu_busbw_gbs']:.3f} GB/s  neuron {row['neuron_busbw_gbs']:.3f}"
-                  f" GB/s  ratio {row['ratio']:.3f}  ({pairs} pairs of {inner} calls)", file=sys.stderr, flush=True)
+                  f" GB/s  ratio {row['ratio']:.3f}  ({groups} groups of 4 rounds of {inner} calls)",
+                  file=sys.stderr, flush=True)
         del tensors
     if rank == 0:
         table = _table(rows, world)
@@ -150,7 +166,8 @@ def _table(rows: list[dict], world: int) -> str:
     passed = sum(r["ok"] for r in rows)
     return "\n".join([f"all_reduce(SUM, float32), {world} processes on 127.0.0.1",
                       line(header), line(["-" * w for w in widths]), *(line(b) for b in body),
-                      "ratio = median over pairs of adjacent rounds of neuron bandwidth / cpu bandwidth; "
+                      "ratio = median over groups of 4 adjacent rounds (2 per side) of neuron bandwidth / cpu "
+                      "bandwidth; "
                       f"{passed} of {len(rows)} sizes within target."])
 
 
@@ -163,7 +180,7 @@ def _write_json(path: Path, rows: list[dict], args: argparse.Namespace, world: i
         "suite": "allreduce",
         "description": "all_reduce bus bandwidth, neuron tensors (neuron backend) vs CPU tensors (gloo)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"world_size": world, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
+        "settings": {"world_size": world, "backend": args.backend, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
                      "budget_s": args.budget, "max_bytes": args.max_bytes, "target": TARGET},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform(), "cpu_count": os.cpu_count()},
@@ -202,15 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help=f"sizes up to {_fmt_size(QUICK_MAX)}, 1 s per size, at least 5 pairs")
+                        help=f"sizes up to {_fmt_size(QUICK_MAX)}, 1 s per size, at least 5 groups")
     parser.add_argument("--max-size", type=str, default=None, help="largest size, e.g. 64MiB (default 256MiB)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="least number of timed pairs of rounds per size (default 15, quick 5)")
+                        help="least number of timed groups of 4 rounds per size (default 15, quick 5)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds of timed pairs per size, unless --rounds pairs take longer (default 4, quick 1)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed pairs per size (default 3)")
+                        help="seconds of timed groups per size, unless --rounds groups take longer (default 4, quick 1)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed groups per size (default 2)")
     parser.add_argument("--round-ms", type=float, default=None,
-                        help="target length of a round; a round has at least one call (default 2)")
+                        help="target length of a round; a round has at least one call (default 1)")
+    parser.add_argument("--backend", default="neuron",
+                        help="init_process_group's backend (default neuron: one gloo for both sides)")
     parser.add_argument("--nproc", type=int, default=2, help="worker processes when self-launched (default 2)")
     parser.add_argument("--json", default=str(RESULTS), help=f"JSON output (default {RESULTS})")
     parser.add_argument("--no-json", action="store_true", help="do not write JSON")
@@ -226,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_bytes = QUICK_MAX if args.quick else FULL_MAX
     args.rounds = args.rounds or (5 if args.quick else 15)
     args.budget = args.budget or (1.0 if args.quick else 4.0)
-    args.round_ms = args.round_ms or 2.0
+    args.round_ms = args.round_ms or 1.0
     return _worker(args)
 
 

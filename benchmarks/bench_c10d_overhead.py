@@ -3,11 +3,14 @@
     python benchmarks/bench_c10d_overhead.py
     python benchmarks/bench_c10d_overhead.py --blocks 400 --calls 20
 
-One process opens a group of size 1, ``"cpu:gloo,neuron:neuron"``: CPU tensors
-go to a plain gloo backend, neuron tensors to the neuron backend (gloo on the
-device memory). With a single rank nothing crosses a network, so a call costs
-the Python function, the dispatcher, the c10d kernel, gloo's queue and the
-handle: what the neuron kernel adds shows as the difference. The two devices
+One process opens a group of size 1 with the ``neuron`` backend, whose gloo
+serves both sides: CPU tensors reach it through PyTorch's c10d kernels, neuron
+tensors through the neuron kernels (gloo on the device memory). With a single
+rank nothing crosses a network, so a call costs the Python function, the
+dispatcher, the c10d kernel, gloo's queue and the handle: what the neuron
+kernel adds shows as the difference. (``--backend cpu:gloo,neuron:neuron``
+gives each side a gloo of its own, whose threads a busy machine may treat
+differently.) The two devices
 alternate block by block (``calls`` calls each); figures are medians over
 blocks, and ``extra`` is the median of the per-block differences neuron - cpu,
 in wall-clock time and in CPU time of the whole process (gloo's threads
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=300, help="timed blocks per device and case (default 300)")
     parser.add_argument("--calls", type=int, default=20, help="calls per block (default 20)")
+    parser.add_argument("--backend", default="neuron",
+                        help="init_process_group's backend (default neuron: one gloo for both sides)")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's deprecation
     torch.set_num_threads(1)
-    dist.init_process_group("cpu:gloo,neuron:neuron", rank=0, world_size=1)
+    dist.init_process_group(args.backend, rank=0, world_size=1)
     tensors = {d: (torch.zeros(256, device=d), torch.zeros(256, device=d)) for d in ("cpu", "neuron")}
     print(f"c10d per-call cost, 1 process, {args.blocks} blocks x {args.calls} calls per device")
     print(f"{'':32s}  {'wall clock':^32s}  {'CPU time (all threads)':^32s}")
