@@ -15,16 +15,17 @@ for a while.)
 
 For each size the two alternate in short rounds: a round times ``inner``
 float32 ``all_reduce(SUM)`` calls (about ``round_ms`` of work, at least one
-call), a CPU round and a neuron round make a pair, and which of the two goes
-first alternates from pair to pair. Pairs are timed for ``budget`` seconds
-per size (at least ``rounds`` pairs). A small all_reduce over loopback takes
-well under a millisecond but swings by hundreds of microseconds with the
-machine's load, so the two sides are compared in many pairs a few
-milliseconds apart rather than in a few long rounds: whatever the load does,
-it does to both sides of a pair. Times are the slowest rank's, figures are
-medians over rounds, and the ratio is the median over pairs of neuron
-bandwidth / CPU bandwidth (target >= 0.95). Bandwidth is the bus bandwidth of
-nccl-tests: bytes / time * 2 (n - 1) / n.
+call), and rounds come in groups of four, cpu-neuron-neuron-cpu then
+neuron-cpu-cpu-neuron, so that each side takes each position equally often
+and a steady drift within a group hits both alike. Groups are timed for
+``budget`` seconds per size (at least ``rounds`` groups). A small all_reduce
+over loopback takes well under a millisecond but swings by hundreds of
+microseconds with the machine's load, so the two sides are compared in
+thousands of groups a few milliseconds long rather than in a few long rounds:
+whatever the load does, it does to both sides of a group. Times are the
+slowest rank's, figures are medians over rounds, and the ratio is the median
+over groups of neuron bandwidth / CPU bandwidth (target >= 0.95). Bandwidth
+is the bus bandwidth of nccl-tests: bytes / time * 2 (n - 1) / n.
 """
 
 from __future__ import annotations
@@ -180,8 +181,9 @@ def _write_json(path: Path, rows: list[dict], args: argparse.Namespace, world: i
         "suite": "allreduce",
         "description": "all_reduce bus bandwidth, neuron tensors (neuron backend) vs CPU tensors (gloo)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"world_size": world, "backend": args.backend, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
-                     "budget_s": args.budget, "max_bytes": args.max_bytes, "target": TARGET},
+        "settings": {"world_size": world, "backend": args.backend, "rounds": args.rounds, "warmup": args.warmup,
+                     "round_ms": args.round_ms, "budget_s": args.budget, "max_bytes": args.max_bytes,
+                     "target": TARGET},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform(), "cpu_count": os.cpu_count()},
         "results": rows,
@@ -224,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=None,
                         help="least number of timed groups of 4 rounds per size (default 15, quick 5)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds of timed groups per size, unless --rounds groups take longer (default 4, quick 1)")
+                        help="seconds of timed groups per size, or as long as --rounds groups take "
+                             "(default 4, quick 1)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed groups per size (default 2)")
     parser.add_argument("--round-ms", type=float, default=None,
                         help="target length of a round; a round has at least one call (default 1)")
