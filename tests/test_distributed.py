@@ -91,6 +91,11 @@ def test_ddp_and_fsdp2_training_match_single_process(healthy_run):
     _check(healthy_run, "TRAINING OK")
 
 
+def test_replacing_pytorchs_kernels_is_silent(healthy_run):
+    for rank, (_, out) in enumerate(healthy_run):
+        assert "Overriding a previously registered kernel" not in out, f"rank {rank}:\n{out}"
+
+
 def test_a_rank_that_hangs_makes_the_other_time_out_clearly(failing_run):
     code, out = failing_run[0]
     assert "HANG FAILED AS EXPECTED" in out, f"rank 0 exited with {code}; output:\n{out}"
@@ -209,9 +214,10 @@ def _scenario_collectives() -> None:
         t = V((1000,), torch.float32, d)
         w = dist.all_reduce(t, async_op=True)
         w.wait()
-        assert w.is_completed() and w.is_success()
+        assert w.is_completed() and w.is_success() and w.exception() is None
         value = w.get_future().wait()
         assert value[0].device == t.device and value[0].data_ptr() == t.data_ptr()
+        assert [r.data_ptr() for r in w.result()] == [t.data_ptr()] and w.result()[0].device == t.device
         return [t]
     _both("all_reduce async", async_all_reduce)
 
@@ -235,6 +241,11 @@ def _scenario_collectives() -> None:
                                                                             op=ReduceOp.AVG) or t])
     _both("all_reduce PREMUL_SUM (gloo refuses)",
           lambda d: [dist.all_reduce(t := V((4,), torch.float32, d), op=dist._make_nccl_premul_sum(2.0)) or t])
+    try:
+        dist.all_reduce(torch.ones(4, device="neuron"), op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("all_reduce accepted PREMUL_SUM")
+    except ValueError as e:
+        assert "multiply the tensor by the factor and use ReduceOp.SUM" in str(e), e
 
     for src in range(world):
         _both(f"broadcast src={src}", lambda d, src=src: [dist.broadcast(t := V((3, 4), torch.float32, d), src) or t])
