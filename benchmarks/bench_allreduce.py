@@ -5,14 +5,27 @@
     torchrun --nproc-per-node 2 benchmarks/bench_allreduce.py   # under a launcher of your own
 
 Run plainly, the script starts its own worker processes on 127.0.0.1. The
-workers open one process group, ``"cpu:gloo,neuron:neuron"``: CPU tensors go
-to a plain gloo backend and neuron tensors to the neuron backend, which runs
-gloo on the device memory itself. For each size the two alternate round by
-round (which goes first alternates too); a round times ``inner`` float32
-``all_reduce(SUM)`` calls. Times are the slowest rank's, figures are medians
-over rounds, and the ratio is neuron bandwidth / CPU bandwidth in the same
-round (target >= 0.95). Bandwidth is the bus bandwidth of nccl-tests:
-bytes / time * 2 (n - 1) / n.
+workers open one process group with the ``neuron`` backend, whose gloo serves
+both sides: CPU tensors reach it through PyTorch's own c10d kernels, neuron
+tensors through the neuron kernels, which hand gloo the device memory itself.
+The two sides share gloo's threads and connections, so only the kernels
+differ. (``--backend cpu:gloo,neuron:neuron`` gives each side its own gloo
+instead; on a busy machine the scheduler may then favour one side's threads
+for a while.)
+
+For each size the two alternate in short rounds: a round times ``inner``
+float32 ``all_reduce(SUM)`` calls (about ``round_ms`` of work, at least one
+call), and rounds come in groups of four, cpu-neuron-neuron-cpu then
+neuron-cpu-cpu-neuron, so that each side takes each position equally often
+and a steady drift within a group hits both alike. Groups are timed for
+``budget`` seconds per size (at least ``rounds`` groups). A small all_reduce
+over loopback takes well under a millisecond but swings by hundreds of
+microseconds with the machine's load, so the two sides are compared in
+thousands of groups a few milliseconds long rather than in a few long rounds:
+whatever the load does, it does to both sides of a group. Times are the
+slowest rank's, figures are medians over rounds, and the ratio is the median
+over groups of neuron bandwidth / CPU bandwidth (target >= 0.95). Bandwidth
+is the bus bandwidth of nccl-tests: bytes / time * 2 (n - 1) / n.
 """
 
 from __future__ import annotations
@@ -69,13 +82,37 @@ def _time_round(tensor, inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+def _plan(tensor, args: argparse.Namespace) -> tuple[int, int]:
+    """Calls per round and timed groups for one size: about round_ms per round and budget per size."""
+    per_call = max(statistics.median(_time_round(tensor, 1) for _ in range(5)), 1e-9)
+    inner = max(1, min(1000, round(args.round_ms * 1e-3 / per_call)))
+    groups = max(args.rounds, min(100_000, int(args.budget / (4 * inner * per_call))))
+    return inner, groups
+
+
+def _measure(tensors: dict, inner: int, groups: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Per-round times of each side, timed in groups of 4 rounds: cpu, neuron, neuron, cpu or the reverse.
+
+    Rounds i and i + 1 of a side (i even) belong to the same group."""
+    samples: dict[str, list[float]] = {"cpu": [], "neuron": []}
+    for g in range(warmup + groups):
+        # cpu, neuron, neuron, cpu, then neuron, cpu, cpu, neuron: each side has each position
+        # equally often, and a steady drift within a group hits both sides alike.
+        first, second = ("cpu", "neuron") if g % 2 == 0 else ("neuron", "cpu")
+        for label in (first, second, second, first):
+            t = _time_round(tensors[label], inner)
+            if g >= warmup:
+                samples[label].append(t)
+    return samples["cpu"], samples["neuron"]
+
+
 def _worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
     import torchneuron  # noqa: F401  (registers the neuron device and backend)
 
-    dist.init_process_group("cpu:gloo,neuron:neuron")
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("neuron", torch.neuron.current_device())
     rows = []
@@ -84,25 +121,19 @@ def _worker(args: argparse.Namespace) -> int:
         tensors = {"cpu": torch.zeros(n), "neuron": torch.zeros(n, device=device)}  # sums stay 0
         for t in tensors.values():
             _time_round(t, 2)
-        # Calls per round: about round_ms of work, agreed on by all ranks.
-        per_call = _time_round(tensors["cpu"], 3)
-        inner = torch.tensor([max(1, min(1000, round(args.round_ms * 1e-3 / max(per_call, 1e-9))))])
-        dist.broadcast(inner, 0)
-        inner = int(inner)
-        samples = {"cpu": [], "neuron": []}
-        for r in range(args.warmup + args.rounds):
-            order = ("cpu", "neuron") if r % 2 == 0 else ("neuron", "cpu")
-            for label in order:
-                t = _time_round(tensors[label], inner)
-                if r >= args.warmup:
-                    samples[label].append(t)
+        # All ranks must run the same calls: rank 0's plan is everyone's.
+        plan = torch.tensor(_plan(tensors["cpu"], args))
+        dist.broadcast(plan, 0)
+        inner, groups = (int(x) for x in plan)
+        cpu_s, neuron_s = _measure(tensors, inner, groups, args.warmup)
         # Each round's time is that of the slowest rank.
-        stacked = torch.tensor([samples["cpu"], samples["neuron"]], dtype=torch.float64)
+        stacked = torch.tensor([cpu_s, neuron_s], dtype=torch.float64)
         dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
         cpu_s, neuron_s = stacked.tolist()
         busbw = lambda s: size / s * 2 * (world - 1) / world / 1e9  # noqa: E731  (GB/s)
-        ratios = [c / x for c, x in zip(cpu_s, neuron_s)]  # neuron bandwidth / cpu bandwidth
-        row = {"bytes": size, "inner": inner, "cpu_median_s": statistics.median(cpu_s),
+        # Neuron bandwidth / cpu bandwidth in each group of 4 rounds (2 per side).
+        ratios = [(cpu_s[i] + cpu_s[i + 1]) / (neuron_s[i] + neuron_s[i + 1]) for i in range(0, len(cpu_s), 2)]
+        row = {"bytes": size, "inner": inner, "rounds": 2 * groups, "cpu_median_s": statistics.median(cpu_s),
                "neuron_median_s": statistics.median(neuron_s), "cpu_busbw_gbs": busbw(statistics.median(cpu_s)),
                "neuron_busbw_gbs": busbw(statistics.median(neuron_s)), "ratio": statistics.median(ratios),
                "cpu_rounds_s": cpu_s, "neuron_rounds_s": neuron_s}
@@ -110,7 +141,8 @@ def _worker(args: argparse.Namespace) -> int:
         rows.append(row)
         if rank == 0:
             print(f"  {_fmt_size(size)}: cpu {row['cpu_busbw_gbs']:.3f} GB/s  neuron {row['neuron_busbw_gbs']:.3f}"
-                  f" GB/s  ratio {row['ratio']:.3f}  (inner {inner})", file=sys.stderr, flush=True)
+                  f" GB/s  ratio {row['ratio']:.3f}  ({groups} groups of 4 rounds of {inner} calls)",
+                  file=sys.stderr, flush=True)
         del tensors
     if rank == 0:
         table = _table(rows, world)
@@ -135,7 +167,8 @@ def _table(rows: list[dict], world: int) -> str:
     passed = sum(r["ok"] for r in rows)
     return "\n".join([f"all_reduce(SUM, float32), {world} processes on 127.0.0.1",
                       line(header), line(["-" * w for w in widths]), *(line(b) for b in body),
-                      "ratio = median over rounds of neuron bandwidth / cpu bandwidth in the same round; "
+                      "ratio = median over groups of 4 adjacent rounds (2 per side) of neuron bandwidth / cpu "
+                      "bandwidth; "
                       f"{passed} of {len(rows)} sizes within target."])
 
 
@@ -148,8 +181,9 @@ def _write_json(path: Path, rows: list[dict], args: argparse.Namespace, world: i
         "suite": "allreduce",
         "description": "all_reduce bus bandwidth, neuron tensors (neuron backend) vs CPU tensors (gloo)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "settings": {"world_size": world, "rounds": args.rounds, "warmup": args.warmup, "round_ms": args.round_ms,
-                     "max_bytes": args.max_bytes, "target": TARGET},
+        "settings": {"world_size": world, "backend": args.backend, "rounds": args.rounds, "warmup": args.warmup,
+                     "round_ms": args.round_ms, "budget_s": args.budget, "max_bytes": args.max_bytes,
+                     "target": TARGET},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform(), "cpu_count": os.cpu_count()},
         "results": rows,
@@ -186,11 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"sizes up to {_fmt_size(QUICK_MAX)}, 5 rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"sizes up to {_fmt_size(QUICK_MAX)}, 1 s per size, at least 5 groups")
     parser.add_argument("--max-size", type=str, default=None, help="largest size, e.g. 64MiB (default 256MiB)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per device (default 15, quick 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds per device (default 1)")
-    parser.add_argument("--round-ms", type=float, default=None, help="target length of a round (default 50, quick 20)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="least number of timed groups of 4 rounds per size (default 15, quick 5)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of timed groups per size, or as long as --rounds groups take "
+                             "(default 4, quick 1)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed groups per size (default 2)")
+    parser.add_argument("--round-ms", type=float, default=None,
+                        help="target length of a round; a round has at least one call (default 1)")
+    parser.add_argument("--backend", default="neuron",
+                        help="init_process_group's backend (default neuron: one gloo for both sides)")
     parser.add_argument("--nproc", type=int, default=2, help="worker processes when self-launched (default 2)")
     parser.add_argument("--json", default=str(RESULTS), help=f"JSON output (default {RESULTS})")
     parser.add_argument("--no-json", action="store_true", help="do not write JSON")
@@ -205,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.max_bytes = QUICK_MAX if args.quick else FULL_MAX
     args.rounds = args.rounds or (5 if args.quick else 15)
-    args.round_ms = args.round_ms or (20.0 if args.quick else 50.0)
+    args.budget = args.budget or (1.0 if args.quick else 4.0)
+    args.round_ms = args.round_ms or 1.0
     return _worker(args)
 
 

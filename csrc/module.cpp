@@ -1,5 +1,6 @@
 // torchneuron._C: the Python binding of the device runtime.
 #include "aten/neuron.h"
+#include "distributed/collectives.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>
@@ -143,6 +144,10 @@ PYBIND11_MODULE(_C, m) {
     return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
   }, "A neuron tensor holding a copy of a CPU tensor's values.");
   m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr()));
+  m.def("_register_collectives", &distributed::registerCollectives,
+        "Register the neuron kernels of the c10d operators (once per process).");
+  m.def("_live_work_count", &distributed::liveWorkCount,
+        "Number of work handles of neuron collectives alive in this process.");
   m.def("_transfer_stats", &transfers);
   m.def("_host_memory_stats", &hostStats);
   m.def("_reset_transfer_stats", &resetTransfers);

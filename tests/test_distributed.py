@@ -91,6 +91,11 @@ def test_ddp_and_fsdp2_training_match_single_process(healthy_run):
     _check(healthy_run, "TRAINING OK")
 
 
+def test_replacing_pytorchs_kernels_is_silent(healthy_run):
+    for rank, (_, out) in enumerate(healthy_run):
+        assert "Overriding a previously registered kernel" not in out, f"rank {rank}:\n{out}"
+
+
 def test_a_rank_that_hangs_makes_the_other_time_out_clearly(failing_run):
     code, out = failing_run[0]
     assert "HANG FAILED AS EXPECTED" in out, f"rank 0 exited with {code}; output:\n{out}"
@@ -176,12 +181,15 @@ def _both(name, fn):
 
 
 def _scenario_collectives() -> None:
+    import gc
+    import weakref
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.distributed import ReduceOp
+    from torchneuron import _C
 
     dist.init_process_group("cpu:gloo,neuron:neuron")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -206,9 +214,10 @@ def _scenario_collectives() -> None:
         t = V((1000,), torch.float32, d)
         w = dist.all_reduce(t, async_op=True)
         w.wait()
-        assert w.is_completed() and w.is_success()
+        assert w.is_completed() and w.is_success() and w.exception() is None
         value = w.get_future().wait()
         assert value[0].device == t.device and value[0].data_ptr() == t.data_ptr()
+        assert [r.data_ptr() for r in w.result()] == [t.data_ptr()] and w.result()[0].device == t.device
         return [t]
     _both("all_reduce async", async_all_reduce)
 
@@ -232,6 +241,11 @@ def _scenario_collectives() -> None:
                                                                             op=ReduceOp.AVG) or t])
     _both("all_reduce PREMUL_SUM (gloo refuses)",
           lambda d: [dist.all_reduce(t := V((4,), torch.float32, d), op=dist._make_nccl_premul_sum(2.0)) or t])
+    try:
+        dist.all_reduce(torch.ones(4, device="neuron"), op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("all_reduce accepted PREMUL_SUM")
+    except ValueError as e:
+        assert "multiply the tensor by the factor and use ReduceOp.SUM" in str(e), e
 
     for src in range(world):
         _both(f"broadcast src={src}", lambda d, src=src: [dist.broadcast(t := V((3, 4), torch.float32, d), src) or t])
@@ -381,8 +395,23 @@ def _scenario_collectives() -> None:
     stats = torch.neuron.transfer_stats()
     assert stats["host_to_device_bytes"] == 0 and stats["device_to_host_bytes"] == 0, stats
 
-    from torchneuron.distributed.work import live_count
-    assert live_count() == 0, f"{live_count()} work handles still alive"
+    # A handle nobody waits on (or whose future nobody waits on) holds its tensors only until the
+    # collective has ended and the handle is dropped.
+    gc.collect()
+    base = torch.neuron.memory_allocated()
+    t = torch.ones(1 << 18, device="neuron")
+    ref = weakref.ref(t)
+    w = dist.all_reduce(t, async_op=True)
+    f = dist.broadcast(t, 1, async_op=True).get_future()
+    assert torch.neuron.memory_allocated() == base + 4 * (1 << 18)
+    del t, w, f
+    deadline = time.monotonic() + 30
+    while (ref() is not None or torch.neuron.memory_allocated() != base) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ref() is None and torch.neuron.memory_allocated() == base, (ref(), torch.neuron.memory_allocated(), base)
+
+    gc.collect()
+    assert _C._live_work_count() == 0, f"{_C._live_work_count()} work handles still alive"
     dist.destroy_process_group()
     print("COLLECTIVES OK", flush=True)
 
@@ -418,12 +447,14 @@ def _train(model, batches, device, shard=None):
 
 def _scenario_training() -> None:
     import copy
+    import gc
 
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torchneuron import _C
 
     rank = int(os.environ["RANK"])
     device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
@@ -499,8 +530,9 @@ def _scenario_training() -> None:
     torch.testing.assert_close(distribute_tensor(x.to(device), mesh, [Shard(1)]).sum().full_tensor().cpu(), x.sum(),
                                rtol=1e-5, atol=1e-5)
 
-    from torchneuron.distributed.work import live_count
-    assert live_count() == 0, f"{live_count()} work handles still alive"
+    del ddp, fsdp, restored, state
+    gc.collect()
+    assert _C._live_work_count() == 0, f"{_C._live_work_count()} work handles still alive"
     dist.destroy_process_group()
     print("TRAINING OK", flush=True)
 

@@ -18,8 +18,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-__all__ = ["BACKEND_NAME", "DEVICE_SHARING_ENV", "KERNELS", "create_backend", "register", "register_kernels",
-           "select_device", "is_available"]
+__all__ = ["BACKEND_NAME", "DEVICE_SHARING_ENV", "create_backend", "register", "register_kernels", "select_device",
+           "is_available"]
 
 
 def is_available() -> bool:
@@ -28,8 +28,7 @@ def is_available() -> bool:
 
 
 if dist.is_available() and dist.is_gloo_available():
-    from .backend import BACKEND_NAME, DEVICE_SHARING_ENV, create_backend, register, select_device
-    from .collectives import KERNELS, register_kernels
+    from .backend import BACKEND_NAME, DEVICE_SHARING_ENV, create_backend, register, register_kernels, select_device
 
     try:
         register()

@@ -4,7 +4,7 @@
 ``device_id=torch.device("neuron", local_rank)``, or
 ``"cpu:gloo,neuron:neuron"``) creates, per process group, a gloo backend that
 the group uses for neuron tensors; the neuron kernels of the c10d operators
-(:mod:`.collectives`) run it on the device memory itself. Registered for both
+(C++, ``csrc/distributed/``) run it on the device memory itself. Registered for both
 ``neuron`` and ``cpu``: with ``"neuron"`` alone, CPU tensors go to the same
 gloo backend as they would with ``"gloo"``.
 """
@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _DistributedBackendOptions
 
-from .collectives import register_kernels
+from .. import _C
 
-__all__ = ["BACKEND_NAME", "register", "create_backend", "select_device"]
+__all__ = ["BACKEND_NAME", "register", "register_kernels", "create_backend", "select_device"]
 
 BACKEND_NAME = "neuron"
 DEVICE_SHARING_ENV = "TORCHNEURON_ALLOW_DEVICE_SHARING"
@@ -70,6 +70,15 @@ def select_device() -> Optional[int]:
     index = local_rank % count
     torch.neuron.set_device(index)
     return index
+
+
+def register_kernels() -> None:
+    """Register the neuron kernels of the c10d operators in place of PyTorch's (once per process).
+
+    They live in C++ (``csrc/distributed/collectives.cpp``): for a gloo backend they hand gloo a CPU
+    view of each neuron tensor, and return handles whose results are the neuron tensors.
+    """
+    _C._register_collectives()
 
 
 def create_backend(options: _DistributedBackendOptions, pg_options: Any = None) -> ProcessGroupGloo:
