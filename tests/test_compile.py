@@ -218,6 +218,27 @@ def test_backend_neuron_runs_convolutions_channels_last():
                                                         [1], False, [0], 1)
 
 
+def test_backend_neuron_training_keeps_aten_convolution():
+    """Training graphs keep aten.convolution (the channels-last swap is for inference graphs); gradients match."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.Linear(32 * 16 * 16, 10))
+    model = copy.deepcopy(ref).to("neuron")
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)
+    compiled = torch.compile(model, backend="neuron")
+    _, sources = run_and_get_code(lambda: F.cross_entropy(compiled(x.to("neuron")), y.to("neuron")).backward())
+    assert not any("convolution_channels_last" in src for src in sources)
+    for _ in range(2):
+        F.cross_entropy(compiled(x.to("neuron")), y.to("neuron")).backward()
+    for _ in range(3):
+        F.cross_entropy(ref(x), y).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
+
+
 def test_cpu_scalars_mixed_in():
     def f(x, scale, shift):
         return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)

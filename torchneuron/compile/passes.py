@@ -10,6 +10,11 @@ convolutions of neuron graphs with ``torchneuron::convolution_channels_last``,
 the same computation whose output stays channels-last; Inductor then lays the
 surrounding fused kernels out to match. Graph outputs keep the layout eager
 mode gives them (Inductor restores the strides it recorded before the passes).
+
+The pass rewrites inference graphs only. In a training graph the tensors saved
+for the backward pass would carry the new layout into a backward graph that
+Inductor lays out without knowing of it, and its channels-last lowering of
+pooling gradients then goes wrong; training graphs keep ``aten.convolution``.
 """
 
 from __future__ import annotations
@@ -43,10 +48,19 @@ def _eligible(node: torch.fx.Node) -> bool:
             and x.dim() == 4 and w.dim() == 4 and x.dtype in CHANNELS_LAST_DTYPES)
 
 
+def _is_inference_graph() -> bool:
+    """Whether AOTAutograd is compiling a graph that no backward pass follows (no tangents traced)."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return metadata is not None and not metadata.traced_tangents
+
+
 class ChannelsLastConvolutions(CustomGraphPass):
-    """Run the 2-d convolutions of neuron graphs in the channels-last layout (see the module docstring)."""
+    """Run the 2-d convolutions of neuron inference graphs channels-last (see the module docstring)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        if not _is_inference_graph():
+            return
         for node in graph.nodes:
             if not _eligible(node):
                 continue
