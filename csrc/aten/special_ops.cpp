@@ -59,11 +59,19 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
   TORCH_CHECK_VALUE(input.dim() == 4 && weight.dim() == 4,
                     "convolution_channels_last: expected 4-d input and weight, got ", input.dim(), "-d and ",
                     weight.dim(), "-d");
-  constexpr auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  // Arguments in another layout are converted into device memory from the caching allocator.
+  auto channelsLast = [&](const at::Tensor& t) {
+    if (t.is_contiguous(kChannelsLast)) return t;
+    auto converted = at::empty(t.sizes(), t.options().memory_format(kChannelsLast));
+    cpuAlias(converted).copy_(cpuAlias(t));
+    return converted;
+  };
+  const at::Tensor x = channelsLast(input), w = channelsLast(weight);
   std::optional<at::Tensor> cpu_bias;
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
-  auto out = at::convolution(onCpu(input).contiguous(kChannelsLast), onCpu(weight).contiguous(kChannelsLast),
-                             cpu_bias, stride, padding, dilation, transposed, output_padding, groups);
+  auto out = at::convolution(onCpu(x), onCpu(w), cpu_bias, stride, padding, dilation, transposed,
+                             output_padding, groups);
   return adopt(out.contiguous(kChannelsLast), deviceOf(input));
 }
 
