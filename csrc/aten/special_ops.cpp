@@ -203,8 +203,11 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torchneuron::fusedSdpChoi
 namespace torchneuron {
 
 TORCH_LIBRARY(torchneuron, m) {
+  // needs_exact_strides: a compiled graph hands it input and weight in the layout its pass asks
+  // for (channels-last), written so by the kernels that produce them.
   m.def("convolution_channels_last(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
-        "int[] dilation, bool transposed, int[] output_padding, int groups) -> Tensor");
+        "int[] dilation, bool transposed, int[] output_padding, int groups) -> Tensor",
+        {at::Tag::needs_exact_strides});
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {

@@ -7,8 +7,10 @@ such backends (contiguous), so a compiled graph that keeps its activations
 channels-last, as Inductor does for convolutional models, would convert each
 convolution's output back. :class:`ChannelsLastConvolutions` replaces the 2-d
 convolutions of neuron graphs with ``torchneuron::convolution_channels_last``,
-the same computation whose output stays channels-last; Inductor then lays the
-surrounding fused kernels out to match. Graph outputs keep the layout eager
+the same computation whose output stays channels-last. The op is tagged
+``needs_exact_strides`` and the pass records channels-last input and weight as
+the values it expects, so the kernels that produce them write that layout, and
+those that read its output read it. Graph outputs keep the layout eager
 mode gives them (Inductor restores the strides it recorded before the passes).
 
 The pass rewrites inference graphs only. In a training graph the tensors saved
@@ -64,12 +66,19 @@ class ChannelsLastConvolutions(CustomGraphPass):
         for node in graph.nodes:
             if not _eligible(node):
                 continue
-            node.target = torch.ops.torchneuron.convolution_channels_last.default
             val: Any = node.meta.get("val")
             fake_mode = torch._guards.detect_fake_mode([val])
-            if fake_mode is not None:
-                with fake_mode:
-                    node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
+            if fake_mode is None:
+                continue
+            node.target = torch.ops.torchneuron.convolution_channels_last.default
+            with fake_mode:
+                node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
+                # The layout the op's arguments must arrive in (the op is tagged needs_exact_strides):
+                # channels-last input and weight, so the kernels producing them write that layout.
+                fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args]
+                for i in (0, 1):
+                    fake_args[i] = fake_args[i].contiguous(memory_format=torch.channels_last)
+                node.meta["eager_input_vals"] = (tuple(fake_args), {})
 
     def uuid(self) -> bytes:
         return get_hash_for_files((__file__,))
