@@ -290,6 +290,31 @@ def test_batch_size_change_recompiles_at_most_once():
     assert "size mismatch" in report.recompiles[0].reason
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_with_three_batch_size_changes_recompiles_once(backend):
+    """Training (compiled model and AdamW step) through batch sizes 8, 16, 32, 5: one recompile, in the report."""
+    model = _mlp().to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    compiled = torch.compile(model, backend=backend)
+    opt_step = torch.compile(lambda: opt.step(), backend=backend)
+    ref = _mlp()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for n in (8, 16, 32, 5):
+        x, y = _batch(n, seed=n)
+        loss = F.cross_entropy(compiled(x.to("neuron")), y.to("neuron"))
+        loss.backward()
+        opt_step()
+        opt.zero_grad()
+        ref_loss = F.cross_entropy(ref(x), y)
+        ref_loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-4, atol=1e-5)
+    report = tc.report()
+    assert report.num_recompiles == 1, str(report)
+    assert "size mismatch" in report.recompiles[0].reason and "recompile" in str(report)
+
+
 def test_dynamic_true_never_recompiles():
     model = _mlp().to("neuron")
     compiled = torch.compile(model, dynamic=True)
