@@ -109,8 +109,19 @@ class Call {
   c10::DeviceIndex synced_ = -1;
 };
 
-std::chrono::milliseconds ms(int64_t timeout) {
-  return std::chrono::milliseconds(timeout);
+// A collective's options with the caller's async_op and, where the operator takes one, timeout.
+template <class Options>
+Options options(bool async_op) {
+  Options opts;
+  opts.asyncOp = async_op;
+  return opts;
+}
+
+template <class Options>
+Options options(bool async_op, int64_t timeout) {
+  auto opts = options<Options>(async_op);
+  opts.timeout = std::chrono::milliseconds(timeout);
+  return opts;
 }
 
 std::vector<at::Tensor> flat(const TensorLists& lists) {
@@ -125,11 +136,9 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> broadcast(at::TensorList tensors, c
                                                       int64_t root_rank, int64_t root_tensor, bool async_op,
                                                       int64_t timeout) {
   Call c(group, "broadcast", OpType::BROADCAST);
-  c10d::BroadcastOptions opts;
+  auto opts = options<c10d::BroadcastOptions>(async_op, timeout);
   opts.rootRank = root_rank;
   opts.rootTensor = root_tensor;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto host = c.host(tensors);
   auto outputs = tensors.vec();
   auto work = c.done(c->broadcast(host, opts), outputs);
@@ -141,10 +150,8 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> allreduce(at::TensorList tensors, c
                                                       const std::optional<at::Tensor>& sparse_indices,
                                                       bool async_op, int64_t timeout) {
   Call c(group, "all_reduce", OpType::ALLREDUCE);
-  c10d::AllreduceOptions opts;
+  auto opts = options<c10d::AllreduceOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto host = c.host(tensors);
   auto outputs = tensors.vec();
   auto work = c.done(c->allreduce(host, opts), outputs);
@@ -154,10 +161,8 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> allreduce(at::TensorList tensors, c
 WorkPtr allreduceCoalesced(at::TensorList tensors, const GroupPtr& group, const ReduceOpPtr& reduce_op,
                            bool async_op, int64_t timeout) {
   Call c(group, "all_reduce_coalesced", OpType::ALLREDUCE_COALESCED);
-  c10d::AllreduceCoalescedOptions opts;
+  auto opts = options<c10d::AllreduceCoalescedOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto host = c.host(tensors);
   return c.done(c->allreduce_coalesced(host, opts), tensors.vec());
 }
@@ -165,9 +170,7 @@ WorkPtr allreduceCoalesced(at::TensorList tensors, const GroupPtr& group, const 
 std::tuple<TensorLists, WorkPtr> allgather(const TensorLists& output_tensors, at::TensorList input_tensors,
                                            const GroupPtr& group, bool async_op, int64_t timeout) {
   Call c(group, "all_gather", OpType::ALLGATHER);
-  c10d::AllgatherOptions opts;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllgatherOptions>(async_op, timeout);
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto work = c.done(c->allgather(outputs, inputs, opts), flat(output_tensors));
@@ -177,9 +180,7 @@ std::tuple<TensorLists, WorkPtr> allgather(const TensorLists& output_tensors, at
 std::tuple<at::Tensor, WorkPtr> allgatherBase(at::Tensor& output_tensor, at::Tensor& input_tensor,
                                               const GroupPtr& group, bool async_op, int64_t timeout) {
   Call c(group, "all_gather_into_tensor", OpType::_ALLGATHER_BASE);
-  c10d::AllgatherOptions opts;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllgatherOptions>(async_op, timeout);
   auto output = c.host(output_tensor);
   auto input = c.host(input_tensor);
   auto work = c.done(c->_allgather_base(output, input, opts), {output_tensor});
@@ -189,8 +190,7 @@ std::tuple<at::Tensor, WorkPtr> allgatherBase(at::Tensor& output_tensor, at::Ten
 WorkPtr allgatherCoalesced(const TensorLists& output_lists, const at::TensorList& input_list,
                            const GroupPtr& group, bool async_op) {
   Call c(group, "all_gather_coalesced", OpType::ALLGATHER_COALESCED);
-  c10d::AllgatherOptions opts;
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllgatherOptions>(async_op);
   auto outputs = c.host(output_lists);
   auto inputs = c.host(input_list);
   return c.done(c->allgather_coalesced(outputs, inputs, opts), flat(output_lists));
@@ -199,8 +199,7 @@ WorkPtr allgatherCoalesced(const TensorLists& output_lists, const at::TensorList
 WorkPtr allgatherIntoTensorCoalesced(at::TensorList outputs, at::TensorList inputs, const GroupPtr& group,
                                      bool async_op) {
   Call c(group, "all_gather_into_tensor_coalesced", OpType::COALESCED);
-  c10d::AllgatherOptions opts;
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllgatherOptions>(async_op);
   auto host_outputs = c.host(outputs);
   auto host_inputs = c.host(inputs);
   return c.done(c->allgather_into_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec());
@@ -211,10 +210,8 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> reduceScatter(const at::TensorList&
                                                           const ReduceOpPtr& reduce_op, bool async_op,
                                                           int64_t timeout) {
   Call c(group, "reduce_scatter", OpType::REDUCE_SCATTER);
-  c10d::ReduceScatterOptions opts;
+  auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
@@ -226,10 +223,8 @@ std::tuple<at::Tensor, WorkPtr> reduceScatterBase(at::Tensor& output_tensor, at:
                                                   const GroupPtr& group, const ReduceOpPtr& reduce_op,
                                                   bool async_op, int64_t timeout) {
   Call c(group, "reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE);
-  c10d::ReduceScatterOptions opts;
+  auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto output = c.host(output_tensor);
   auto input = c.host(input_tensor);
   auto work = c.done(c->_reduce_scatter_base(output, input, opts), {output_tensor});
@@ -239,10 +234,8 @@ std::tuple<at::Tensor, WorkPtr> reduceScatterBase(at::Tensor& output_tensor, at:
 WorkPtr reduceScatterTensorCoalesced(at::TensorList outputs, at::TensorList inputs, const GroupPtr& group,
                                      const ReduceOpPtr& reduce_op, bool async_op, int64_t timeout) {
   Call c(group, "reduce_scatter_tensor_coalesced", OpType::REDUCE_SCATTER_TENSOR_COALESCED);
-  c10d::ReduceScatterOptions opts;
+  auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto host_outputs = c.host(outputs);
   auto host_inputs = c.host(inputs);
   return c.done(c->reduce_scatter_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec());
@@ -251,12 +244,10 @@ WorkPtr reduceScatterTensorCoalesced(at::TensorList outputs, at::TensorList inpu
 WorkPtr reduce(at::TensorList tensors, const GroupPtr& group, const ReduceOpPtr& reduce_op, int64_t root_rank,
                int64_t root_tensor, bool async_op, int64_t timeout) {
   Call c(group, "reduce", OpType::REDUCE);
-  c10d::ReduceOptions opts;
+  auto opts = options<c10d::ReduceOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
   opts.rootRank = root_rank;
   opts.rootTensor = root_tensor;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto host = c.host(tensors);
   return c.done(c->reduce(host, opts), tensors.vec());
 }
@@ -264,10 +255,8 @@ WorkPtr reduce(at::TensorList tensors, const GroupPtr& group, const ReduceOpPtr&
 WorkPtr gather(const TensorLists& output_tensors, const at::TensorList& input_tensors, const GroupPtr& group,
                int64_t root_rank, bool async_op, int64_t timeout) {
   Call c(group, "gather", OpType::GATHER);
-  c10d::GatherOptions opts;
+  auto opts = options<c10d::GatherOptions>(async_op, timeout);
   opts.rootRank = root_rank;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   return c.done(c->gather(outputs, inputs, opts), flat(output_tensors));
@@ -277,10 +266,8 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> scatter(const at::TensorList& outpu
                                                     const TensorLists& input_tensors, const GroupPtr& group,
                                                     int64_t root_rank, bool async_op, int64_t timeout) {
   Call c(group, "scatter", OpType::SCATTER);
-  c10d::ScatterOptions opts;
+  auto opts = options<c10d::ScatterOptions>(async_op, timeout);
   opts.rootRank = root_rank;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
@@ -292,9 +279,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> alltoall(const at::TensorList& outp
                                                      const at::TensorList& input_tensors, const GroupPtr& group,
                                                      bool async_op, int64_t timeout) {
   Call c(group, "all_to_all", OpType::ALLTOALL);
-  c10d::AllToAllOptions opts;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllToAllOptions>(async_op, timeout);
   auto outputs = c.host(output_tensors);
   auto inputs = c.host(input_tensors);
   auto result = output_tensors.vec();
@@ -306,9 +291,7 @@ WorkPtr alltoallBase(at::Tensor& output, at::Tensor& input, const GroupPtr& grou
                      std::vector<int64_t> output_split_sizes, std::vector<int64_t> input_split_sizes,
                      bool async_op, int64_t timeout) {
   Call c(group, "all_to_all_single", OpType::ALLTOALL_BASE);
-  c10d::AllToAllOptions opts;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
+  auto opts = options<c10d::AllToAllOptions>(async_op, timeout);
   auto host_output = c.host(output);
   auto host_input = c.host(input);
   auto work = c->alltoall_base(host_output, host_input, output_split_sizes, input_split_sizes, opts);
@@ -318,10 +301,8 @@ WorkPtr alltoallBase(at::Tensor& output, at::Tensor& input, const GroupPtr& grou
 WorkPtr barrier(at::Tensor /* selects the device */, const GroupPtr& group, const std::vector<int64_t>& device_ids,
                 bool async_op, int64_t timeout) {
   Call c(group, "barrier", OpType::BARRIER);
-  c10d::BarrierOptions opts;
+  auto opts = options<c10d::BarrierOptions>(async_op, timeout);
   opts.device_ids = device_ids;
-  opts.timeout = ms(timeout);
-  opts.asyncOp = async_op;
   return c.done(c->barrier(opts), {});
 }
 
