@@ -47,8 +47,8 @@ import torch._dynamo
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.bench_models import (GPT_INFER_BATCHES, GPT_SHAPE, GPT_TRAIN_BATCH, MLP_BATCH, MLP_SIZES,
-                                     OPTIMIZER_IMPLS, SEED, _mlp, load_gpt)
+from benchmarks.bench_models import (GPT_INFER_BATCHES, GPT_SHAPE, GPT_TRAIN_BATCH, MLP_SIZES,
+                                     OPTIMIZER_IMPLS, SEED, gpt_program, load_gpt, mlp_program)
 from benchmarks.common import (QUICK_ROUND_MS, QUICK_ROUNDS, QUICK_WARMUP, DEFAULT_ROUND_MS, DEFAULT_WARMUP,
                                REPO_ROOT, Case, Fn, Result, Suite, busy_cpus, calibrate, device_labels,
                                format_table, make_parser, parse_devices, require_devices, synchronizer, time_round,
@@ -110,17 +110,12 @@ def training_program(name: str, gen: torch.Generator) -> tuple[nn.Module, tuple[
         gen: generator the batch is drawn from (the model's weights come from the global seed).
     """
     if name == "mlp":
-        return (_mlp(), (torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen),
-                         torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)),
-                lambda m, d: F.cross_entropy(m(d[0]), d[1]))
+        return mlp_program(gen)
     if name == "cnn":
         return (_cnn(), (torch.randn(CNN_BATCH, 3, CNN_IMAGE, CNN_IMAGE, generator=gen),
                          torch.randint(0, 10, (CNN_BATCH,), generator=gen)),
                 lambda m, d: F.cross_entropy(m(d[0]), d[1]))
-    gpt = load_gpt()
-    model = gpt.GPT(gpt.GPTConfig(**GPT_SHAPE))
-    tokens = torch.randint(0, GPT_SHAPE["vocab_size"], (GPT_TRAIN_BATCH, GPT_SHAPE["block_size"] + 1), generator=gen)
-    return model, (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), lambda m, d: m(d[0], d[1])[1]
+    return gpt_program(gen)
 
 
 def workloads() -> tuple[list[Workload], str | None]:

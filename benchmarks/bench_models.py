@@ -76,6 +76,24 @@ def _mlp() -> nn.Module:
     return nn.Sequential(*layers)
 
 
+Program = tuple[nn.Module, tuple[torch.Tensor, ...], Callable[[Any, tuple], torch.Tensor]]
+
+
+def mlp_program(gen: torch.Generator) -> Program:
+    """Return the MLP (weights from the global seed), a training batch drawn from gen, and its loss function."""
+    return (_mlp(), (torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen),
+                     torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)),
+            lambda m, d: F.cross_entropy(m(d[0]), d[1]))
+
+
+def gpt_program(gen: torch.Generator) -> Program:
+    """Return the GPT (weights from the global seed), a training batch of tokens drawn from gen, and its loss."""
+    gpt = load_gpt()
+    model = gpt.GPT(gpt.GPTConfig(**GPT_SHAPE))
+    tokens = torch.randint(0, GPT_SHAPE["vocab_size"], (GPT_TRAIN_BATCH, GPT_SHAPE["block_size"] + 1), generator=gen)
+    return model, (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), lambda m, d: m(d[0], d[1])[1]
+
+
 def _train_step(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
                 optimizer_kwargs: dict[str, Any]) -> Callable[[torch.device], Fn]:
     """Return a setup that copies model to a device and times one training step there.
@@ -153,9 +171,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
     gen = torch.Generator().manual_seed(SEED)
 
     torch.manual_seed(SEED)
-    mlp = _mlp()
-    x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=gen)
-    y = torch.randint(0, MLP_SIZES[-1], (MLP_BATCH,), generator=gen)
+    mlp, (x, y), _ = mlp_program(gen)
     mlp_name = "-".join(map(str, MLP_SIZES))
     cases = [Case(f"mlp {mlp_name} train b{MLP_BATCH}",
                   _train_step(mlp, _mlp_loss(x, y), optimizer_kwargs), TARGET)]
@@ -166,7 +182,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
     train_name = f"{gpt_name} train b{GPT_TRAIN_BATCH}x{block}"
     infer_names = [f"{gpt_name} infer b{b}x{block}" for b in GPT_INFER_BATCHES]
     try:
-        gpt = load_gpt()
+        load_gpt()
     except ImportError as exc:
         skip = str(exc)
         cases.append(Case(train_name, lambda device: None, TARGET, skip=skip))
@@ -174,10 +190,8 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         return cases
 
     torch.manual_seed(SEED)
-    model = gpt.GPT(gpt.GPTConfig(**shape))
-    tokens = torch.randint(0, vocab, (GPT_TRAIN_BATCH, block + 1), generator=gen)
-    cases.append(Case(train_name, _train_step(model, _gpt_loss(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()), optimizer_kwargs),
-                      TARGET))
+    model, (idx, targets), _ = gpt_program(gen)
+    cases.append(Case(train_name, _train_step(model, _gpt_loss(idx, targets), optimizer_kwargs), TARGET))
     for name, batch in zip(infer_names, GPT_INFER_BATCHES):
         idx = torch.randint(0, vocab, (batch, block), generator=gen)
         cases.append(Case(name, _gpt_infer(model, idx), TARGET))
