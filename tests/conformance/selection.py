@@ -34,21 +34,19 @@ QUICK_MODULES = ("nn.Linear", "nn.Conv2d", "nn.BatchNorm2d", "nn.LSTM", "nn.Tran
                  "nn.LazyConv1d")
 
 
-def selected_ops(op_db, full=None):
+def _quick_slice(db, names, name_of, what, full):
     full = FULL if full is None else full
     if full:
-        return list(op_db)
-    chosen = [op for op in op_db if op.full_name in QUICK_OPS]
-    missing = set(QUICK_OPS) - {op.full_name for op in chosen}
-    assert not missing, f"quick-slice ops not in op_db: {sorted(missing)}"
+        return list(db)
+    chosen = [entry for entry in db if name_of(entry) in names]
+    missing = set(names) - {name_of(entry) for entry in chosen}
+    assert not missing, f"quick-slice {what} not in {what[:-1]}_db: {sorted(missing)}"
     return chosen
+
+
+def selected_ops(op_db, full=None):
+    return _quick_slice(op_db, QUICK_OPS, lambda op: op.full_name, "ops", full)
 
 
 def selected_modules(module_db, full=None):
-    full = FULL if full is None else full
-    if full:
-        return list(module_db)
-    chosen = [m for m in module_db if m.name in QUICK_MODULES]
-    missing = set(QUICK_MODULES) - {m.name for m in chosen}
-    assert not missing, f"quick-slice modules not in module_db: {sorted(missing)}"
-    return chosen
+    return _quick_slice(module_db, QUICK_MODULES, lambda m: m.name, "modules", full)
