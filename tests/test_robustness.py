@@ -13,6 +13,7 @@ Examples are derandomized so the default suite is reproducible; raise
 """
 
 import gc
+import math
 import os
 
 import pytest
@@ -52,6 +53,11 @@ def _values(numel, dtype, salt=0):
     if dtype == torch.uint8:
         return ((torch.arange(numel) + salt) % 251).to(dtype)
     return x.to(dtype)
+
+
+def _shaped(shape, dtype, salt=0):
+    """_values laid out in `shape`, on the CPU."""
+    return _values(math.prod(shape), dtype, salt).reshape(shape)
 
 
 def _same_meta(d, c, what):
@@ -241,10 +247,7 @@ def view_step(draw, t):
         salt = draw(st.integers(0, 9))
 
         def copy(x):
-            n = 1
-            for s in src_shape:
-                n *= s
-            src = _values(n, src_dtype, salt).reshape(src_shape)
+            src = _shaped(src_shape, src_dtype, salt)
             if transposed and src.dim() >= 2:
                 src = src.mT.contiguous().mT
             dev = x.device if src_dev == "same" else src_dev
@@ -272,10 +275,7 @@ def view_step(draw, t):
 @given(data=st.data(), shape=shapes, dtype=st.sampled_from(DTYPES), device=st.sampled_from(_devices()),
        steps=st.integers(1, 6))
 def test_view_chains_match_cpu(data, shape, dtype, device, steps):
-    n = 1
-    for s in shape:
-        n *= s
-    base_c = _values(n, dtype).reshape(shape)
+    base_c = _shaped(shape, dtype)
     base_d = base_c.to(device)
     c, d = base_c, base_d
     history = []
@@ -305,10 +305,7 @@ def test_view_chains_match_cpu(data, shape, dtype, device, steps):
 @given(shape=shapes, new_shape=shapes, dtype=st.sampled_from(DTYPES), device=st.sampled_from(_devices()),
        channels_last=st.booleans(), through_view=st.booleans())
 def test_resize_matches_cpu(shape, new_shape, dtype, device, channels_last, through_view):
-    n = 1
-    for s in shape:
-        n *= s
-    c = _values(n, dtype).reshape(shape)
+    c = _shaped(shape, dtype)
     d = c.to(device)
     if through_view and c.dim() >= 1:
         c, d = c[:], d[:]  # resize_ of a view (shares the base storage)
@@ -318,7 +315,7 @@ def test_resize_matches_cpu(shape, new_shape, dtype, device, channels_last, thro
     _same_meta(d, c, f"resize_({new_shape})")
     assert d.untyped_storage().nbytes() >= d.numel() * d.element_size()
     # elements that existed before keep their values; fresh ones are uninitialized on both
-    keep = min(n, d.numel())
+    keep = min(math.prod(shape), d.numel())
     torch.testing.assert_close(_storage_as_tensor(d)[:keep].cpu(), _storage_as_tensor(c)[:keep], rtol=0, atol=0,
                                equal_nan=True)
     d.fill_(1), c.fill_(1)
@@ -341,24 +338,18 @@ def placed(draw, devices, allow_overlap):
 
 def _build(shape, layout, device, dtype, salt):
     """A tensor of `shape` with the given layout on `device` (values are made on the CPU)."""
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     if layout == "transposed" and len(shape) >= 2:
-        t = _values(n, dtype, salt).reshape(shape).mT.contiguous().to(device).mT
-        return t
+        return _shaped(shape, dtype, salt).mT.contiguous().to(device).mT
     if layout == "strided_slice" and len(shape) >= 1:
         big = list(shape)
         big[-1] = shape[-1] * 2
-        m = 1
-        for s in big:
-            m *= s
-        return _values(m, dtype, salt).reshape(big).to(device)[..., ::2]
+        return _shaped(big, dtype, salt).to(device)[..., ::2]
     if layout == "offset":
         return _values(n + 3, dtype, salt).to(device)[3:].view(shape)
     if layout == "expanded" and len(shape) >= 1 and shape[0] > 0:
         return _values(n // shape[0] if shape[0] else 0, dtype, salt).reshape((1,) + shape[1:]).to(device).expand(shape)
-    return _values(n, dtype, salt).reshape(shape).to(device)
+    return _shaped(shape, dtype, salt).to(device)
 
 
 @SETTINGS
@@ -413,10 +404,7 @@ def test_to_matches_cpu(src, to_device, dtype, to_dtype, copy, memory_format):
        dtype=st.sampled_from([torch.float32, torch.int64, torch.complex64, torch.bool]),
        device=st.sampled_from(_devices()), rounds=st.integers(1, 4))
 def test_writes_through_views_reach_the_base_and_copies_do_not(data, shape, dtype, device, rounds):
-    n = 1
-    for s in shape:
-        n *= s
-    base_c = _values(n, dtype).reshape(shape)
+    base_c = _shaped(shape, dtype)
     base_d = base_c.to(device)
     clone_d, clone_c = base_d.clone(), base_c.clone()
     for _ in range(rounds):
