@@ -111,6 +111,26 @@ def judge(entry, status):
     return "ok"
 
 
+def problems(result, expected, unit):
+    """Messages for each aspect of ``result`` that disagrees with the list (``expected(aspect)`` gives its entry).
+
+    Args:
+        result: an OpResult of opcheck or modcheck.
+        expected: aspect -> list entry or None.
+        unit: what ``samples`` counts ("samples", "inputs").
+    """
+    out = []
+    for aspect, r in result.aspects.items():
+        entry = expected(aspect)
+        verdict = judge(entry, r.status)
+        if verdict == "unexpected failure":
+            out.append(f"{aspect} fails: {r.reason}\n{r.detail}")
+        elif verdict == "unexpected pass":
+            out.append(f"{aspect} passes ({r.samples} {unit}) but expected_failures.py lists it "
+                       f"({entry.reason}): remove the entry")
+    return out
+
+
 def crashes(name, dtype, module=False):
     """The reason running ``name`` for ``dtype`` crashes the process, or None."""
     for x in (MODULE_XFAILS if module else OP_XFAILS):

@@ -16,12 +16,11 @@ import copy
 import io
 import itertools
 import time
-import traceback
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from opcheck import (AspectResult, Mismatch, OpResult, _short, compare_outcomes, compare_values,
+from opcheck import (AspectResult, Mismatch, OpResult, _short, record_failure, compare_outcomes, compare_values,
                      copy_tensor, dtype_name, map_structure, run)
 
 NEURON = "neuron:0"
@@ -123,13 +122,7 @@ def check_module(module_info, dtype, max_inputs=DEFAULT_MAX_INPUTS, trainings=No
     res = {a: AspectResult() for a in MODULE_ASPECTS}
 
     def fail(aspect, exc, desc):
-        r = res[aspect]
-        if r.status != "fail":
-            r.status = "fail"
-            msg = str(exc) if isinstance(exc, Mismatch) else _short(exc)
-            r.reason = " ".join(msg.split())[:500]
-            r.detail = f"input {desc}\n" + "".join(
-                traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+        record_failure(res[aspect], exc, f"input {desc}")
 
     if trainings is None:
         trainings = (True, False) if module_info.train_and_eval_differ else (True,)

@@ -436,6 +436,15 @@ def check_fwad(op, pair, index):
     return True
 
 
+def record_failure(r, exc, where):
+    """Mark the AspectResult ``r`` failed by ``exc`` (its first failure is kept), naming ``where`` it happened."""
+    if r.status != "fail":
+        r.status = "fail"
+        msg = str(exc) if isinstance(exc, Mismatch) else _short(exc)
+        r.reason = " ".join(msg.split())[:500]
+        r.detail = f"{where}\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+
+
 def check_op(op, dtype, max_samples=DEFAULT_MAX_SAMPLES, aspects=ASPECTS, device=NEURON,
              inputs=None) -> OpResult:
     """Run every aspect of ``op`` for ``dtype`` on neuron and the CPU; never raises.
@@ -468,13 +477,7 @@ def check_op(op, dtype, max_samples=DEFAULT_MAX_SAMPLES, aspects=ASPECTS, device
             res[a].status = "pass"
 
     def fail(aspect, exc, sample_desc):
-        r = res[aspect]
-        if r.status != "fail":
-            r.status = "fail"
-            msg = str(exc) if isinstance(exc, Mismatch) else _short(exc)
-            r.reason = " ".join(msg.split())[:500]
-            r.detail = f"sample {sample_desc}\n" + "".join(
-                traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]
+        record_failure(res[aspect], exc, f"sample {sample_desc}")
 
     def attempt(aspect, fn, desc):
         """Run one check of an aspect; count it if it compared something, note loose matches."""

@@ -18,7 +18,7 @@ from torch.testing._internal.common_utils import TestCase
 
 import modcheck
 import selection
-from expected_failures import crashes, expected_module_failure, judge
+from expected_failures import crashes, expected_module_failure, problems
 from opcheck import dtype_name
 
 
@@ -39,17 +39,9 @@ class TestNeuronModuleInfo(TestCase):
         if crash:
             self.skipTest(f"crashes the process, listed in expected_failures.py: {crash}")
         result = modcheck.check_module(module_info, dtype, trainings=(training,))
-        problems = []
-        for aspect, r in result.aspects.items():
-            entry = expected_module_failure(name, dname, aspect)
-            verdict = judge(entry, r.status)
-            if verdict == "unexpected failure":
-                problems.append(f"{aspect} fails: {r.reason}\n{r.detail}")
-            elif verdict == "unexpected pass":
-                problems.append(f"{aspect} passes ({r.samples} inputs) but expected_failures.py lists it "
-                                f"({entry.reason}): remove the entry")
-        if problems:
-            self.fail(f"{name} {dname} training={training}:\n" + "\n\n".join(problems))
+        found = problems(result, lambda aspect: expected_module_failure(name, dname, aspect), "inputs")
+        if found:
+            self.fail(f"{name} {dname} training={training}:\n" + "\n\n".join(found))
 
 
 instantiate_device_type_tests(TestNeuronModuleInfo, globals(), only_for="privateuse1")

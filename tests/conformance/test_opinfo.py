@@ -19,7 +19,7 @@ from torch.testing._internal.common_utils import TestCase
 
 import opcheck
 import selection
-from expected_failures import crashes, expected_op_failure, judge
+from expected_failures import crashes, expected_op_failure, problems
 
 
 def _bare(op):
@@ -40,17 +40,9 @@ class TestNeuronOpInfo(TestCase):
         if crash:
             self.skipTest(f"crashes the process, listed in expected_failures.py: {crash}")
         result = opcheck.check_op(op, dtype, device=device)
-        problems = []
-        for aspect, r in result.aspects.items():
-            entry = expected_op_failure(name, dname, aspect)
-            verdict = judge(entry, r.status)
-            if verdict == "unexpected failure":
-                problems.append(f"{aspect} fails: {r.reason}\n{r.detail}")
-            elif verdict == "unexpected pass":
-                problems.append(f"{aspect} passes ({r.samples} samples) but expected_failures.py lists it "
-                                f"({entry.reason}): remove the entry")
-        if problems:
-            self.fail(f"{name} {dname}:\n" + "\n\n".join(problems))
+        found = problems(result, lambda aspect: expected_op_failure(name, dname, aspect), "samples")
+        if found:
+            self.fail(f"{name} {dname}:\n" + "\n\n".join(found))
 
 
 instantiate_device_type_tests(TestNeuronOpInfo, globals(), only_for="privateuse1")
