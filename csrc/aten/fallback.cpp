@@ -80,9 +80,7 @@ class Call {
     if (device_ < 0) {
       device_ = index;
     } else if (index != device_) {
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-          "devices, neuron:", int(device_), " and neuron:", int(index), "! (when checking argument '",
-          arg.name(), "' of ", op_.schema().operator_name(), ")");
+      failDeviceMismatch(device_, "neuron:" + std::to_string(index), arg.name(), op_.schema().operator_name());
     }
   }
 
@@ -121,9 +119,7 @@ class Call {
     }
     if (device_ < 0) device_ = currentDevice();
     if (cpu_arg_ != nullptr && !aliases_.empty() && !acceptsCpuTensors(op_)) {
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-          "devices, neuron:", int(device_), " and cpu! (when checking argument '", cpu_arg_->name(), "' of ",
-          op_.schema().operator_name(), ")");
+      failDeviceMismatch(device_, "cpu", cpu_arg_->name(), op_.schema().operator_name());
     }
     // Random ops draw from the device's generator, never the CPU's.
     for (size_t i = 0; i < args.size(); ++i) {
@@ -261,6 +257,12 @@ void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
 }
 
 }  // namespace
+
+void failDeviceMismatch(c10::DeviceIndex device, const std::string& other, const std::string& arg,
+                        const c10::OperatorName& op) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
+              int(device), " and ", other, "! (when checking argument '", arg, "' of ", op, ")");
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());

@@ -47,9 +47,8 @@ class Scan {
       const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
       const int position = other_ >= 0 ? other_position_ : cpu_position_;
       const auto& arg = op.schema().arguments().at(position - 1).name();
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
-          int(device_), " and ", other_ >= 0 ? "neuron:" + std::to_string(other_) : std::string("cpu"),
-          "! (when checking argument '", arg, "' of ", op.schema().operator_name(), ")");
+      failDeviceMismatch(device_, other_ >= 0 ? "neuron:" + std::to_string(other_) : std::string("cpu"), arg,
+                         op.schema().operator_name());
     }
     return device_ < 0 ? currentDevice() : device_;
   }

@@ -9,8 +9,13 @@
 
 #include "../runtime/neuron_runtime.h"
 
+namespace c10 {
+struct OperatorName;
+}  // namespace c10
+
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 namespace torchneuron {
 
@@ -22,6 +27,10 @@ c10::DeviceIndex currentDevice();
 void setDevice(c10::DeviceIndex index);      // raises on a bad index
 // Raises a RuntimeError naming the device when index is out of range.
 void checkDevice(c10::DeviceIndex index);
+// Raises PyTorch's usual error for an op given tensors on two devices: neuron:`device` and
+// `other` ("neuron:1", "cpu"), found at argument `arg` of `op`.
+[[noreturn]] void failDeviceMismatch(c10::DeviceIndex device, const std::string& other, const std::string& arg,
+                                     const c10::OperatorName& op);
 c10::Stream currentStream(c10::DeviceIndex index);
 
 // ---- memory (allocator.cpp) ----------------------------------------------

@@ -26,14 +26,18 @@ at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
 // PyTorch expects of it on this device: the one it derives for the Overrideable backend, which is
 // also what fake tensors (torch.compile) assume. When the CPU kernel picked another format, the
 // result is converted straight into device memory from the caching allocator.
+// A copy of `values` (a CPU tensor) in device memory of `device` from the caching allocator, laid out in `format`.
+at::Tensor copyInFormat(const at::Tensor& values, c10::Device device, at::MemoryFormat format) {
+  auto out = at::empty(values.sizes(), values.options().device(device).memory_format(format));
+  cpuAlias(out).copy_(values);
+  return out;
+}
+
 at::Tensor adoptInConvFormat(const at::Tensor& t, const at::Tensor& input, const at::Tensor& weight) {
   if (!t.defined() || t.dim() != 4 && t.dim() != 5) return adopt(t, deviceOf(input));
   const auto format =
       at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
-  if (t.is_contiguous(format)) return adopt(t, deviceOf(input));
-  auto out = at::empty(t.sizes(), t.options().device(input.device()).memory_format(format));
-  cpuAlias(out).copy_(t);
-  return out;
+  return t.is_contiguous(format) ? adopt(t, deviceOf(input)) : copyInFormat(t, input.device(), format);
 }
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -62,10 +66,7 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
   const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
   // Arguments in another layout are converted into device memory from the caching allocator.
   auto channelsLast = [&](const at::Tensor& t) {
-    if (t.is_contiguous(kChannelsLast)) return t;
-    auto converted = at::empty(t.sizes(), t.options().memory_format(kChannelsLast));
-    cpuAlias(converted).copy_(cpuAlias(t));
-    return converted;
+    return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
   };
   const at::Tensor x = channelsLast(input), w = channelsLast(weight);
   std::optional<at::Tensor> cpu_bias;
