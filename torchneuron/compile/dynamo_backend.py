@@ -6,11 +6,10 @@ first compile. The backend runs Inductor's whole pipeline (AOTAutograd for
 training, decompositions, fusion, the FX graph and AOTAutograd caches) and
 generates C++ kernels that work on neuron device memory in place.
 
-On top of Inductor's defaults it adds (:func:`options_for`):
+Both entry points share the device's registration (its graph pass included,
+see :mod:`torchneuron.compile.passes`). On top of it this backend maps the
+modes (:func:`options_for`) and adds
 
-* a post-grad graph pass, :class:`~torchneuron.compile.passes.ChannelsLastConvolutions`,
-  that keeps convolutions and the activations around them channels-last, the
-  layout the device's convolution kernels run fastest in;
 * :data:`NEURON_CONFIG`, the neuron code generator's own settings: a forward
   graph does not check its inputs' sizes and strides again, because Dynamo's
   guards have just checked them (graphs AOTAutograd feeds itself, the
@@ -32,8 +31,7 @@ from . import _cache, _codegen_config, diagnostics
 
 __all__ = ["neuron", "MODES", "OPTIONS", "NEURON_CONFIG"]
 
-# Inductor options of backend="neuron" on top of Inductor's defaults, besides its graph pass
-# (see the module docstring and options_for).
+# Inductor options of backend="neuron" on top of Inductor's defaults (see options_for).
 OPTIONS: dict[str, Any] = {}
 
 # Neuron code generation settings of backend="neuron" (torchneuron.compile._codegen_config). Inputs of
@@ -61,9 +59,7 @@ def options_for(mode: str | None = None, options: dict[str, Any] | None = None) 
     mode = mode or "default"
     if mode not in MODES:
         raise RuntimeError(f"Unrecognized mode={mode!r} for backend='neuron'; use one of {', '.join(MODES)}")
-    from .passes import ChannelsLastConvolutions
-
-    patches = {**OPTIONS, "post_grad_custom_post_pass": ChannelsLastConvolutions(), **MODES[mode]}
+    patches = {**OPTIONS, **MODES[mode]}
     for key, value in (options or {}).items():
         patches[key.replace("-", "_")] = value
     return patches

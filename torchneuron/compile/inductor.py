@@ -23,6 +23,12 @@ that versions the cache keys.
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton; two are
 avoided here (see :func:`_cpu_codegen` and :data:`CONFIG`).
+
+Neuron kernels also avoid one defect of Inductor's C++ generator (PyTorch
+2.13): a 2-d tiled kernel that scatters with ``atomic_add`` (the gradient of a
+max-pool whose offsets and gradient differ in layout, e.g. channels-last) adds
+the tile offset to the outer loop variable twice and writes to wrong
+addresses. :func:`_tile2d_store` passes that index on unshifted.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import torch
 from torch._dynamo import device_interface as _di
 from torch._inductor import config as inductor_config
 from torch._inductor.codegen import common as _common
+from torch._inductor.codegen import cpp as _cpp
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
@@ -43,6 +50,7 @@ from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.virtualized import V
 
 from . import _cache, _codegen_config, diagnostics
+from .passes import ChannelsLastConvolutions
 
 __all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "register"]
 
@@ -78,17 +86,40 @@ def _exit_graph_config() -> None:
         patch.__exit__(None, None, None)
 
 
+_TILE2D_STORE = _cpp.CppTile2DKernel.store
+
+
+def _tile2d_store(self, name, index, value, mode=None):
+    """``CppTile2DKernel.store`` without the double shift of a vectorized ``atomic_add`` index.
+
+    The tile kernel shifts the outer loop variable of a store's index by the
+    tile offset and hands it to ``CppVecKernel.store``, whose ``atomic_add``
+    turns the index into a value with ``ops.index_expr``, and the tile kernel's
+    ``index_expr`` shifts it again. Such a store gets the index unshifted.
+    """
+    vectorized_atomic_add = mode == "atomic_add" and (inductor_config.cpp.dynamic_threads or self.num_threads != 1)
+    if vectorized_atomic_add and not self.need_vec_transpose(self.rename_indexing(index)):
+        return _cpp.CppVecKernel.store(self, name, index, value, mode)
+    return _TILE2D_STORE(self, name, index, value, mode)
+
+
 @contextlib.contextmanager
 def _cpu_codegen():
-    """Make Inductor's kernel code generation treat the neuron device like the CPU.
+    """Make Inductor's kernel code generation treat the neuron device like the CPU, minus one defect.
 
     ``torch._inductor.utils.get_current_backend`` answers ``config.cuda_backend``
     ("triton") for any device it does not know; the C++ code generator then
     skips the C++ type propagation it relies on. Inside this scope, which only
-    covers the generation of neuron kernels, it answers ``config.cpu_backend``.
+    covers the generation of neuron kernels, it answers ``config.cpu_backend``,
+    and 2-d tiled kernels store through :func:`_tile2d_store`.
     """
-    with inductor_config.patch(cuda_backend=inductor_config.cpu_backend):
-        yield
+    saved = _cpp.CppTile2DKernel.store
+    _cpp.CppTile2DKernel.store = _tile2d_store
+    try:
+        with inductor_config.patch(cuda_backend=inductor_config.cpu_backend):
+            yield
+    finally:
+        _cpp.CppTile2DKernel.store = saved
 
 
 class Scheduling(CppScheduling):
@@ -268,7 +299,8 @@ def register() -> None:
     _common.register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
     if _common.get_scheduling_for_device(DEVICE) is None:
         _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, CppWrapperCpu,
-                                            WrapperFxCodegen, device_custom_config=_codegen_config)
+                                            WrapperFxCodegen, device_custom_pass=ChannelsLastConvolutions(),
+                                            device_custom_config=_codegen_config)
 
 
 # The names Inductor's init_backend_registration looks up on torch.neuron.

@@ -1,4 +1,4 @@
-"""Graph passes of ``backend="neuron"``: rewrites of Inductor's post-grad graph for the device.
+"""Inductor's graph pass for the neuron device: rewrites of the post-grad graph.
 
 Convolutions on the device run the CPU's oneDNN kernels, which are fastest in
 the channels-last layout. PyTorch, however, fixes the layout of
@@ -13,10 +13,11 @@ the values it expects, so the kernels that produce them write that layout, and
 those that read its output read it. Graph outputs keep the layout eager
 mode gives them (Inductor restores the strides it recorded before the passes).
 
-The pass rewrites inference graphs only. In a training graph the tensors saved
-for the backward pass would carry the new layout into a backward graph that
-Inductor lays out without knowing of it, and its channels-last lowering of
-pooling gradients then goes wrong; training graphs keep ``aten.convolution``.
+In a training graph the tensors saved for the backward pass keep the new
+layout: AOTAutograd lays out the backward graph's inputs with the strides the
+compiled forward graph gave them. The pass is registered as the device's
+custom pass (``register_backend_for_device``), so both ``torch.compile``
+entry points use it, and its ``uuid`` is part of the cache keys.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
 __all__ = ["ChannelsLastConvolutions", "CHANNELS_LAST_DTYPES"]
 
@@ -50,20 +51,11 @@ def _eligible(node: torch.fx.Node) -> bool:
             and x.dim() == 4 and w.dim() == 4 and x.dtype in CHANNELS_LAST_DTYPES)
 
 
-def _is_inference_graph() -> bool:
-    """Whether AOTAutograd is compiling a graph that no backward pass follows (no tangents traced)."""
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    return metadata is not None and not metadata.traced_tangents
+class ChannelsLastConvolutions(CustomGraphModulePass):
+    """Run the 2-d convolutions of neuron graphs channels-last (see the module docstring)."""
 
-
-class ChannelsLastConvolutions(CustomGraphPass):
-    """Run the 2-d convolutions of neuron inference graphs channels-last (see the module docstring)."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        if not _is_inference_graph():
-            return
-        for node in graph.nodes:
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        for node in gm.graph.nodes:
             if not _eligible(node):
                 continue
             val: Any = node.meta.get("val")
