@@ -76,6 +76,34 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
   return adopt(out.contiguous(kChannelsLast), deviceOf(input));
 }
 
+// torchneuron::convolution_backward_channels_last: the gradients of convolution_channels_last,
+// computed from channels-last arguments, grad_input and grad_weight returned channels-last (the
+// layout oneDNN's backward kernels write). A gradient output_mask leaves out is an empty tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardChannelsLast(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::OptionalIntArrayRef bias_sizes, c10::IntArrayRef stride, c10::IntArrayRef padding,
+    c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding, int64_t groups,
+    std::array<bool, 3> output_mask) {
+  TORCH_CHECK_VALUE(input.dim() == 4 && weight.dim() == 4 && grad_output.dim() == 4,
+                    "convolution_backward_channels_last: expected 4-d grad_output, input and weight, got ",
+                    grad_output.dim(), "-d, ", input.dim(), "-d and ", weight.dim(), "-d");
+  const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  // Arguments in another layout are converted into device memory (kept alive here: a CPU alias
+  // does not hold its device tensor).
+  auto channelsLast = [&](const at::Tensor& t) {
+    return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
+  };
+  const at::Tensor go = channelsLast(grad_output), x = channelsLast(input), w = channelsLast(weight);
+  auto [gi, gw, gb] = at::convolution_backward(onCpu(go), onCpu(x), onCpu(w), bias_sizes, stride, padding,
+                                               dilation, transposed, output_padding, groups, output_mask);
+  const auto d = deviceOf(input);
+  auto result = [&](const at::Tensor& g, bool channels_last) {
+    if (!g.defined()) return at::empty({0}, grad_output.options());
+    return adopt(channels_last ? g.contiguous(kChannelsLast) : g, d);
+  };
+  return {result(gi, true), result(gw, true), result(gb, false)};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
@@ -209,10 +237,15 @@ TORCH_LIBRARY(torchneuron, m) {
   m.def("convolution_channels_last(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
         "int[] dilation, bool transposed, int[] output_padding, int groups) -> Tensor",
         {at::Tag::needs_exact_strides});
+  m.def("convolution_backward_channels_last(Tensor grad_output, Tensor input, Tensor weight, int[]? bias_sizes, "
+        "int[] stride, int[] padding, int[] dilation, bool transposed, int[] output_padding, int groups, "
+        "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+        {at::Tag::needs_exact_strides});
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
   m.impl("convolution_channels_last", TORCH_FN(convolutionChannelsLast));
+  m.impl("convolution_backward_channels_last", TORCH_FN(convolutionBackwardChannelsLast));
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

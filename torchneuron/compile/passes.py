@@ -22,6 +22,7 @@ entry points use it, and its ``uuid`` is part of the cache keys.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -43,34 +44,59 @@ def _convolution_channels_last_fake(input, weight, bias, stride, padding, dilati
     return out.contiguous(memory_format=torch.channels_last)
 
 
+@torch.library.register_fake("torchneuron::convolution_backward_channels_last")
+def _convolution_backward_channels_last_fake(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                                             transposed, output_padding, groups, output_mask):
+    grads = aten.convolution_backward.default(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                                              transposed, output_padding, groups, output_mask)
+    return tuple(grad_output.new_empty(0) if g is None else
+                 g.contiguous(memory_format=torch.channels_last) if i < 2 else g for i, g in enumerate(grads))
+
+
+# aten op -> (channels-last op, arguments expected channels-last, outputs returned channels-last).
+_SWAPS = {
+    aten.convolution.default: ("convolution_channels_last", (0, 1), None),
+    aten.convolution_backward.default: ("convolution_backward_channels_last", (0, 1, 2), (0, 1)),
+}
+
+
 def _eligible(node: torch.fx.Node) -> bool:
-    if node.op != "call_function" or node.target is not aten.convolution.default:
+    if node.op != "call_function" or node.target not in _SWAPS:
         return False
-    x, w = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
-    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.device.type == "neuron"
-            and x.dim() == 4 and w.dim() == 4 and x.dtype in CHANNELS_LAST_DTYPES)
+    tensors = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:len(_SWAPS[node.target][1])]]
+    return all(isinstance(t, torch.Tensor) and t.device.type == "neuron" and t.dim() == 4
+               and t.dtype in CHANNELS_LAST_DTYPES for t in tensors)
+
+
+def _channels_last(t: Any) -> Any:
+    return t.contiguous(memory_format=torch.channels_last)
 
 
 class ChannelsLastConvolutions(CustomGraphModulePass):
-    """Run the 2-d convolutions of neuron graphs channels-last (see the module docstring)."""
+    """Run the 2-d convolutions of neuron graphs and their gradients channels-last (see the module docstring)."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
-        for node in gm.graph.nodes:
+        for node in list(gm.graph.nodes):
             if not _eligible(node):
                 continue
-            val: Any = node.meta.get("val")
-            fake_mode = torch._guards.detect_fake_mode([val])
+            fake_mode = torch._guards.detect_fake_mode([a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)])
             if fake_mode is None:
                 continue
-            node.target = torch.ops.torchneuron.convolution_channels_last.default
+            name, args_cl, outputs_cl = _SWAPS[node.target]
+            node.target = getattr(torch.ops.torchneuron, name).default
             with fake_mode:
-                node.meta["val"] = val.contiguous(memory_format=torch.channels_last)
                 # The layout the op's arguments must arrive in (the op is tagged needs_exact_strides):
-                # channels-last input and weight, so the kernels producing them write that layout.
+                # channels-last, so the kernels producing them write that layout.
                 fake_args = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args]
-                for i in (0, 1):
-                    fake_args[i] = fake_args[i].contiguous(memory_format=torch.channels_last)
+                for i in args_cl:
+                    fake_args[i] = _channels_last(fake_args[i])
                 node.meta["eager_input_vals"] = (tuple(fake_args), {})
+                node.meta["val"] = node.target(*fake_args)
+            if outputs_cl is None:
+                continue
+            for user in node.users:  # the getitem nodes of the gradients
+                if user.target is operator.getitem:
+                    user.meta["val"] = node.meta["val"][user.args[1]]
 
     def uuid(self) -> bytes:
         return get_hash_for_files((__file__,))
