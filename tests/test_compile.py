@@ -192,6 +192,29 @@ def test_convolutional_model(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_cnn_inference_allocates_what_cpu_does(backend):
+    """Compiled CNN inference on neuron allocates the buffers CPU's compiled code does, in the same layouts.
+
+    In particular the flatten after the last max-pool stays a view: the pool writes its output
+    contiguous, with no channels-last copy gathered again for the classifier.
+    """
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        _, (cpu_src,) = run_and_get_code(torch.compile(_cnn().eval()), x)
+        _, (neuron_src,) = run_and_get_code(torch.compile(_cnn().eval().to("neuron"), backend=backend),
+                                            x.to("neuron"))
+
+    def buffers(src, device):
+        return sorted(re.findall(rf"empty_strided_{device}\((\([^)]*\)), (\([^)]*\))", src))
+
+    assert buffers(neuron_src, "neuron") == buffers(cpu_src, "cpu")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_convolutions_run_channels_last(backend):
     """Both entry points swap a graph's 2-d convolutions for the channels-last op; outputs keep eager's layout."""
     from torch._inductor.utils import run_and_get_code
