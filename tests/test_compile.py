@@ -272,6 +272,46 @@ def test_channels_last_training_gradients(backend):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
 
 
+def _conv_variety():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.GELU(),
+                         nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4), nn.BatchNorm2d(8),
+                         nn.ConvTranspose2d(8, 4, 2, stride=2), nn.SiLU(), nn.Conv2d(4, 4, 1, bias=False))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_channels_last_conv_variety_training(dynamic):
+    """Strided, dilated, grouped, transposed and 1x1 convolutions train channels-last like eager, also with dynamic shapes."""
+    ref = _conv_variety()
+    model = copy.deepcopy(ref).to("neuron")
+    compiled = torch.compile(model, dynamic=dynamic)
+    g = torch.Generator().manual_seed(7)
+    for batch in (3, 5):
+        x = torch.randn(batch, 4, 12, 12, generator=g)
+        out = compiled(x.to("neuron"))
+        expected = ref(x)
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-4)
+        assert out.stride() == expected.stride()
+        out.square().mean().backward()
+        expected.square().mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
+        assert p.grad.is_contiguous() and q.grad.is_contiguous()  # (strides of size-1 dims may differ)
+
+
+def test_channels_last_conv_bfloat16_autocast():
+    """Under autocast the convolutions run in bfloat16 channels-last; results match eager within bfloat16 tolerance."""
+    ref = _conv_variety().eval()
+    model = copy.deepcopy(ref).to("neuron")
+    x = torch.randn(2, 4, 12, 12)
+    with torch.no_grad(), torch.autocast("neuron", dtype=torch.bfloat16):
+        out = torch.compile(model, backend="neuron")(x.to("neuron"))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = ref(x)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out.cpu().float(), expected.float(), rtol=3e-2, atol=3e-2)
+
+
 def test_cpu_scalars_mixed_in():
     def f(x, scale, shift):
         return (x * scale + shift).softmax(-1) + torch.ones(3, device=x.device)

@@ -52,8 +52,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
 }
 
 // torchneuron::convolution_channels_last: aten::convolution computed and returned in the
-// channels-last layout, the one the CPU's oneDNN kernels run fastest in. Compiled graphs of
-// backend="neuron" call it in place of aten::convolution (see torchneuron/compile/passes.py):
+// channels-last layout, the one the CPU's oneDNN kernels run fastest in. Compiled neuron graphs
+// call it in place of aten::convolution (see torchneuron/compile/passes.py):
 // aten::convolution on this device has to answer in the layout PyTorch derives for an
 // out-of-tree backend (contiguous), which would cost a conversion of every output.
 at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& weight,
