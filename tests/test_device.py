@@ -36,6 +36,27 @@ def test_autoload_can_be_disabled(run_python):
     assert r.stdout.split() == ["None", "False", "False", "unknown-device", "neuron", "neuron:0"]
 
 
+_BACKWARD_THREAD = ("import threading, torch\n"
+                    "seen = []\n"
+                    "x = torch.ones(3, device='neuron:1', requires_grad=True)\n"
+                    "y = x * torch.ones(3, device='neuron:0').to('neuron:1')\n"
+                    "y.register_hook(lambda g: seen.append(threading.get_ident()))\n"
+                    "y.sum().backward()\n"
+                    "print(seen == [threading.get_ident()], x.grad.device, x.grad.sum().item())")
+
+
+def test_backward_runs_on_the_calling_thread(run_python):
+    """Backward over neuron tensors runs on the thread that calls it (the emulator's kernels use the host's
+    cores; an autograd thread per device would give OpenMP a second set of threads); the switch restores
+    PyTorch's per-device threads, with the same gradients."""
+    assert not torch.autograd.is_multithreading_enabled()
+    ours = run_python(_BACKWARD_THREAD)
+    pytorchs = run_python(_BACKWARD_THREAD, env={"TORCHNEURON_AUTOGRAD_THREADS": "1"})
+    assert ours.returncode == 0 and pytorchs.returncode == 0, ours.stderr + pytorchs.stderr
+    assert ours.stdout.split() == ["True", "neuron:1", "3.0"]
+    assert pytorchs.stdout.split() == ["False", "neuron:1", "3.0"]
+
+
 def test_privateuse1_is_named_neuron():
     assert torch._C._get_privateuse1_backend_name() == "neuron"
     assert torch.device("neuron").type == "neuron"
