@@ -27,7 +27,6 @@ import copy
 import gc
 import json
 import os
-import types
 import statistics
 import subprocess
 import sys
@@ -145,25 +144,12 @@ def workloads() -> tuple[list[Workload], str | None]:
     return out, None
 
 
-def _own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Return ``fn`` with a code object of its own.
-
-    Dynamo keeps its compiled entries on the code object of the frame it compiles
-    and tries them newest first, so variants compiled from the same code (the
-    replicas' forward, the optimizer step lambda) would each pay for failing
-    the guards of those built after them: the last-built variant measured
-    several percent faster than an identical one built before it. A fresh code
-    object per variant gives each its own cache.
-    """
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 def _compile_fn(compiler: str) -> Callable[[Any], Any]:
     if compiler == "eager":
         return lambda fn: fn
     if compiler == "backend=neuron":
-        return lambda fn: torch.compile(_own_code(fn), backend="neuron")
-    return lambda fn: torch.compile(_own_code(fn))
+        return lambda fn: torch.compile(fn, backend="neuron")
+    return torch.compile
 
 
 def build_step(work: Workload, device: torch.device, compiler: str, optimizer_kwargs: dict[str, Any]) -> Fn:
@@ -181,7 +167,7 @@ def build_step(work: Workload, device: torch.device, compiler: str, optimizer_kw
     if work.train:
         replica.train()
         opt = torch.optim.AdamW(replica.parameters(), lr=1e-3, **optimizer_kwargs)
-        run = compile_(lambda *args: replica(*args))
+        run = compile_(replica)
         opt_step = compile_(lambda: opt.step())
 
         def step() -> None:
@@ -191,7 +177,7 @@ def build_step(work: Workload, device: torch.device, compiler: str, optimizer_kw
             opt.zero_grad(set_to_none=True)
     else:
         replica.eval()
-        run = compile_(lambda *args: replica(*args))
+        run = compile_(replica)
 
         def step() -> None:
             with torch.no_grad():
@@ -385,10 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     optimizer_kwargs = OPTIMIZER_IMPLS[args.optimizer_impl]
 
-    variants = [(base, "eager"), (base, "inductor"), (other, "eager")]
-    if os.environ.get("SWAP"): variants.append((other, "backend=neuron"))
-    variants.append((other, "inductor"))
-    if torch.device(other).type == "neuron" and not os.environ.get("SWAP"):
+    variants = [(base, "eager"), (base, "inductor"), (other, "eager"), (other, "inductor")]
+    if torch.device(other).type == "neuron":
         variants.append((other, "backend=neuron"))
     works, gpt_skip = workloads()
     if args.filter:
