@@ -272,6 +272,23 @@ def test_channels_last_training_gradients(backend):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
 
 
+def test_max_pool_gradient_takes_the_cpu_route():
+    """With several threads a max-pool's gradient is a scatter_reduce_ left to ATen's kernel, on neuron as on CPU,
+    not a generated kernel adding atomically from every thread."""
+    from torch._inductor.utils import run_and_get_code
+
+    def backward_code(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)).to(device)
+        x = torch.randn(2, 3, 16, 16, device=device)
+        _, sources = run_and_get_code(lambda: torch.compile(model)(x).sum().backward())
+        return sources[-1]
+
+    for device in ("cpu", "neuron"):
+        code = backward_code(device)
+        assert "scatter_reduce_" in code and "atomic_add" not in code, device
+
+
 def _conv_variety():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.GELU(),
