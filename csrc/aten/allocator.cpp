@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,8 +63,11 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     Block* block = nullptr;
     {
       std::lock_guard<std::mutex> lock(d.mutex);
-      auto it = d.cache.find(size);
-      if (it != d.cache.end()) {
+      // The block freed last (its memory is likeliest still in the host's caches): equal keys of
+      // a multimap keep their insertion order.
+      auto [first, last] = d.cache.equal_range(size);
+      if (first != last) {
+        auto it = std::prev(last);
         block = it->second;
         d.cache.erase(it);
         d.cached_bytes -= size;
@@ -174,7 +178,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
  private:
   struct DeviceState {
     std::mutex mutex;
-    std::multimap<size_t, Block*> cache;  // free blocks by size
+    std::multimap<size_t, Block*> cache;  // free blocks by size, in the order they were freed
     size_t cached_bytes = 0;
     DeviceStats stats;
   };

@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <tuple>
+#include <type_traits>
 
 namespace torchneuron {
 namespace {
@@ -140,6 +142,21 @@ at::Tensor& outArgument(Args&... args) {
   return *out;
 }
 
+// Ops returning several fresh tensors (a gradient output_mask leaves out is undefined).
+template <class Op, class... Outs, class... Args>
+struct Fast<Op, std::tuple<Outs...>(Args...)> {
+  static_assert((std::is_same_v<Outs, at::Tensor> && ...), "only ops returning tensors");
+  static std::tuple<Outs...> call(Args... args) {
+    Scan scan;
+    (scan.add(args), ...);
+    const auto device = scan.check(Op::name, Op::overload_name);
+    auto outs = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
+    return std::apply(
+        [&](auto&... t) { return std::tuple<Outs...>((t.defined() ? toDevice(std::move(t), device) : t)...); },
+        outs);
+  }
+};
+
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor&(Args...)> {
   static at::Tensor& call(Args... args) {
@@ -191,6 +208,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   NEURON_FAST(amax) NEURON_FAST(amin)
   NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
   NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
+  NEURON_FAST(native_layer_norm) NEURON_FAST(native_layer_norm_backward)
   // indexing
   NEURON_FAST(index_select) NEURON_FAST(gather)
   // out= variants Inductor's compiled graphs call for matrix products
