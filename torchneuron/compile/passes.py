@@ -64,7 +64,8 @@ _SWAPS = {
 def _eligible(node: torch.fx.Node) -> bool:
     if node.op != "call_function" or node.target not in _SWAPS:
         return False
-    tensors = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:len(_SWAPS[node.target][1])]]
+    _, args_cl = _SWAPS[node.target]
+    tensors = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:len(args_cl)]]
     return all(isinstance(t, torch.Tensor) and t.device.type == "neuron" and t.dim() == 4
                and t.dtype in CHANNELS_LAST_DTYPES for t in tensors)
 
@@ -85,6 +86,8 @@ class ChannelsLastConvolutions(CustomGraphModulePass):
         from torch._inductor.fx_utils import FakeTensorUpdater
 
         convolutions = [node for node in gm.graph.nodes if _eligible(node)]
+        if not convolutions:  # (detect_fake_mode would answer the tracing context's mode for no tensors)
+            return
         fake_mode = torch._guards.detect_fake_mode([node.args[0].meta["val"] for node in convolutions])
         if fake_mode is None:
             return
