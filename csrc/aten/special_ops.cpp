@@ -33,6 +33,14 @@ at::Tensor copyInFormat(const at::Tensor& values, c10::Device device, at::Memory
   return out;
 }
 
+// `t` if it is channels-last already, else a channels-last copy in device memory from the caching
+// allocator. Callers keep the result alive while they use a CPU alias of it (an alias does not
+// hold its device tensor).
+at::Tensor channelsLastOnDevice(const at::Tensor& t) {
+  const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
+  return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
+}
+
 at::Tensor adoptInConvFormat(const at::Tensor& t, const at::Tensor& input, const at::Tensor& weight) {
   if (!t.defined() || t.dim() != 4 && t.dim() != 5) return adopt(t, deviceOf(input));
   const auto format =
@@ -63,17 +71,12 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
   TORCH_CHECK_VALUE(input.dim() == 4 && weight.dim() == 4,
                     "convolution_channels_last: expected 4-d input and weight, got ", input.dim(), "-d and ",
                     weight.dim(), "-d");
-  const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
-  // Arguments in another layout are converted into device memory from the caching allocator.
-  auto channelsLast = [&](const at::Tensor& t) {
-    return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
-  };
-  const at::Tensor x = channelsLast(input), w = channelsLast(weight);
+  const at::Tensor x = channelsLastOnDevice(input), w = channelsLastOnDevice(weight);
   std::optional<at::Tensor> cpu_bias;
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(x), onCpu(w), cpu_bias, stride, padding, dilation, transposed,
                              output_padding, groups);
-  return adopt(out.contiguous(kChannelsLast), deviceOf(input));
+  return adopt(out.contiguous(at::MemoryFormat::ChannelsLast), deviceOf(input));
 }
 
 // torchneuron::convolution_backward_channels_last: the gradients of convolution_channels_last,
@@ -87,19 +90,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardChannelsLast(
   TORCH_CHECK_VALUE(input.dim() == 4 && weight.dim() == 4 && grad_output.dim() == 4,
                     "convolution_backward_channels_last: expected 4-d grad_output, input and weight, got ",
                     grad_output.dim(), "-d, ", input.dim(), "-d and ", weight.dim(), "-d");
-  const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
-  // Arguments in another layout are converted into device memory (kept alive here: a CPU alias
-  // does not hold its device tensor).
-  auto channelsLast = [&](const at::Tensor& t) {
-    return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
-  };
-  const at::Tensor go = channelsLast(grad_output), x = channelsLast(input), w = channelsLast(weight);
+  const at::Tensor go = channelsLastOnDevice(grad_output), x = channelsLastOnDevice(input),
+                   w = channelsLastOnDevice(weight);
   auto [gi, gw, gb] = at::convolution_backward(onCpu(go), onCpu(x), onCpu(w), bias_sizes, stride, padding,
                                                dilation, transposed, output_padding, groups, output_mask);
   const auto d = deviceOf(input);
   auto result = [&](const at::Tensor& g, bool channels_last) {
     if (!g.defined()) return at::empty({0}, grad_output.options());
-    return adopt(channels_last ? g.contiguous(kChannelsLast) : g, d);
+    return adopt(channels_last ? g.contiguous(at::MemoryFormat::ChannelsLast) : g, d);
   };
   return {result(gi, true), result(gw, true), result(gb, false)};
 }
