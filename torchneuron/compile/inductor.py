@@ -22,7 +22,7 @@ that versions the cache keys.
 
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton, or that
-suit a GPU but not kernels running on the host's cores; three are avoided
+suit a GPU but not kernels running on the host's cores; four are avoided
 here (see :func:`_cpu_codegen`, :data:`CONFIG`, :func:`_use_scatter_fallback` and
 :func:`_cat`).
 
@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from torch._dynamo import device_interface as _di
 from torch._inductor import config as inductor_config
-from torch._inductor.codegen import common as _common
 from torch._inductor import decomposition as _inductor_decomposition
 from torch._inductor import lowering as _inductor_lowering
 from torch._inductor import utils as _inductor_utils
+from torch._inductor.codegen import common as _common
 from torch._inductor.codegen import cpp as _cpp
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
