@@ -289,21 +289,48 @@ def test_max_pool_gradient_takes_the_cpu_route():
         assert "scatter_reduce_" in code and "atomic_add" not in code, device
 
 
-def test_concatenation_kernels_match_cpu():
-    """A concatenation compiles to the same C++ kernels as on CPU: vectorized copies into the output's slices,
-    not a per-element select between inputs."""
+def _cat_qkv(q, k, v):
+    return torch.cat([q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)], dim=1)
+
+
+def _reused_heavy(x):
+    y = torch.exp(x).sin() * torch.tanh(x)
+    return y + 1, y.sum(dim=1), (y * y).mean(dim=0)
+
+
+# Graphs whose lowering Inductor decides by asking whether the device is named "cpu".
+KERNEL_PARITY = {
+    # vectorized copies into the output's slices, not a per-element select between inputs
+    "concatenation": (_cat_qkv, [(32, 64)] * 3),
+    # two passes (mean, then squared deviations), not Welford's update per element
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (128,), w, b), [(64, 128), (128,), (128,)]),
+    # a division, not a multiplication by the reciprocal
+    "division_by_constant": (lambda x: x / 3.0 + 1, [(16, 40)]),
+    # a pointwise pad, not a concatenation with the fill
+    "right_pad": (lambda x: F.pad(x, (0, 3), value=0.5) * 2, [(8, 29)]),
+    # the logical index of the maximum, not its position in memory (the GPU's answer was wrong here)
+    "argmax_of_permuted": (lambda x: (torch.argmax(x.permute(2, 0, 1)), torch.argmin(x.transpose(0, 2), dim=0)),
+                           [(6, 5, 7)]),
+    # a heavy value read three times is computed once into a buffer
+    "reused_heavy_pointwise": (_reused_heavy, [(48, 64)]),
+}
+
+
+@pytest.mark.parametrize("case", list(KERNEL_PARITY))
+def test_kernels_match_cpu(case):
+    """These graphs compile to the same C++ kernels on neuron as on CPU, and compute the same values."""
     import re
 
     from torch._inductor.utils import run_and_get_code
 
-    def f(q, k, v):
-        return torch.cat([q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)], dim=1)
-
-    args = [torch.randn(32, 64) for _ in range(3)]
+    fn, shapes = KERNEL_PARITY[case]
+    args = [torch.randn(shape) for shape in shapes]
+    expected = fn(*args)
     kernels = {}
     for device in ("cpu", "neuron"):
-        out, (src,) = run_and_get_code(torch.compile(f), *(a.to(device) for a in args))
-        torch.testing.assert_close(out.cpu(), f(*args))
+        torch._dynamo.reset()
+        out, (src,) = run_and_get_code(torch.compile(fn), *(a.to(device) for a in args))
+        torch.testing.assert_close(tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu(), expected)
         kernels[device] = re.findall(r"r\'\'\'(.*?)\'\'\'", src, re.S)
     assert kernels["neuron"] and kernels["neuron"] == kernels["cpu"]
 

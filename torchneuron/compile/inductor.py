@@ -22,9 +22,12 @@ that versions the cache keys.
 
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton, or that
-suit a GPU but not kernels running on the host's cores; four are avoided
-here (see :func:`_cpu_codegen`, :data:`CONFIG`, :func:`_use_scatter_fallback` and
-:func:`_cat`).
+suit a GPU but not kernels running on the host's cores; nine are avoided
+here (see :func:`_cpu_codegen`, :data:`CONFIG`, :func:`_use_scatter_fallback`,
+:func:`_cat`, :func:`_use_two_step_variance`, :func:`_get_constant_value`,
+:func:`_pad_as_cat`, :func:`_is_cpu` and :func:`_make_reduction_inner`), so
+that neuron kernels are the CPU's kernels. One of them made results wrong
+(the index an argmax over a permuted tensor returns).
 
 Neuron kernels also avoid one defect of Inductor's C++ generator (PyTorch
 2.13): a 2-d tiled kernel that scatters with ``atomic_add`` (the gradient of a
@@ -38,12 +41,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import unittest.mock
 from typing import Any
 
 import torch
 from torch._dynamo import device_interface as _di
 from torch._inductor import config as inductor_config
 from torch._inductor import decomposition as _inductor_decomposition
+from torch._inductor import ir as _ir
 from torch._inductor import lowering as _inductor_lowering
 from torch._inductor import utils as _inductor_utils
 from torch._inductor.codegen import common as _common
@@ -143,6 +148,96 @@ def _cat(inputs, dim=0):
         with inductor_config.patch(max_pointwise_cat_inputs=0, max_complex_pointwise_cat_inputs=0):
             return _CAT(inputs, dim)
     return _CAT(inputs, dim)
+
+
+_IS_CPU = _ir.is_cpu
+
+
+def _is_cpu(x) -> bool:
+    """Inductor's ``ir.is_cpu``, answering True for a neuron node too.
+
+    Inductor asks it only for heuristics: when a pointwise node that is read
+    many times, or by a heavy consumer, is computed once into a buffer rather
+    than inlined into each reader (``realize_cpu_opcount_threshold``,
+    ``realize_cpu_acc_reads_threshold``, ``should_realize_on_reuse``). The GPU's
+    thresholds assume kernels that recompute cheaply on thousands of threads;
+    neuron kernels run on the host's cores, like the CPU's.
+    """
+    return _IS_CPU(x) or _ir.get_device_type(x) == DEVICE
+
+
+_USE_TWO_STEP_VARIANCE = _inductor_lowering.use_two_step_variance
+
+
+def _use_two_step_variance(x, axis, keepdim, input_dtype) -> bool:
+    """Inductor's choice between a two-pass variance and Welford's, made for a neuron input as for a CPU one.
+
+    The CPU takes the two-pass form up to ``config.cpp.use_two_step_variance_threshold``
+    elements (1024: every LayerNorm of a small transformer); any other device
+    only up to ``config.unroll_reductions_threshold`` (8), so a neuron
+    LayerNorm would run Welford's update per element. For a neuron input the
+    rule runs with the CPU's threshold in that place.
+    """
+    device = x.get_device()
+    if device is not None and device.type == DEVICE:
+        with inductor_config.patch(unroll_reductions_threshold=inductor_config.cpp.use_two_step_variance_threshold):
+            return _USE_TWO_STEP_VARIANCE(x, axis, keepdim, input_dtype)
+    return _USE_TWO_STEP_VARIANCE(x, axis, keepdim, input_dtype)
+
+
+_GET_CONSTANT_VALUE = _inductor_lowering.get_constant_value
+
+
+def _get_constant_value(x):
+    """Inductor's ``get_constant_value``, answering no constant for a neuron node.
+
+    Its one use outside the CPU's oneDNN lowerings is ``prims.div``: a division by
+    a constant becomes a multiplication by the reciprocal on every device but
+    the CPU, whose results would then differ from eager's in the last bit
+    (pytorch/pytorch#157959). Neuron graphs keep the division, as CPU graphs do.
+    """
+    device = x.get_device() if hasattr(x, "get_device") else None
+    if device is not None and device.type == DEVICE:
+        return None
+    return _GET_CONSTANT_VALUE(x)
+
+
+_PAD_AS_CAT = _inductor_lowering._pad_as_cat
+
+
+def _pad_as_cat(x, padding, fill_value):
+    """Inductor's padding-as-concatenation, declined for a neuron input as for a CPU one.
+
+    A right-pad lowered as ``cat([x, fill])`` suits a GPU, where the
+    concatenation is one pointwise kernel; neuron concatenations are
+    ``ConcatKernel`` copies (:func:`_cat`), so the pad stays one pointwise kernel.
+    """
+    device = x.get_device()
+    if device is not None and device.type == DEVICE:
+        return None
+    return _PAD_AS_CAT(x, padding, fill_value)
+
+
+_MAKE_REDUCTION_INNER = _inductor_lowering._make_reduction_inner
+_ARG_REDUCTIONS = frozenset(("argmax", "argmin", "argmax_value", "argmin_value", "argmax_with_value",
+                             "argmin_with_value"))
+
+
+def _make_reduction_inner(x, **kwargs):
+    """Inductor's reduction set-up, numbering an arg-reduction's result for a neuron input as for a CPU one.
+
+    An argmax/argmin over several dimensions of a permuted or strided tensor
+    walks them in memory order; Inductor turns the position back into the
+    logical index only for Triton and the CPU's C++ backend, and for any other
+    device returns the memory position: ``argmax(x.permute(2, 0, 1))`` gave 55
+    where eager gives 187. For a neuron input the rule runs as for those
+    backends (its ``is_triton`` check answers True for this call only).
+    """
+    device = x.get_device()
+    if device is not None and device.type == DEVICE and kwargs.get("reduction_type") in _ARG_REDUCTIONS:
+        with unittest.mock.patch.object(_inductor_lowering, "is_triton", lambda _node: True):
+            return _MAKE_REDUCTION_INNER(x, **kwargs)
+    return _MAKE_REDUCTION_INNER(x, **kwargs)
 
 
 @contextlib.contextmanager
@@ -342,6 +437,11 @@ def register() -> None:
     # Inductor's lowering and decompositions look the function up by these names.
     for module in (_inductor_utils, _inductor_lowering, _inductor_decomposition):
         module.use_scatter_fallback = _use_scatter_fallback
+    _ir.is_cpu = _is_cpu
+    _inductor_lowering.use_two_step_variance = _use_two_step_variance
+    _inductor_lowering.get_constant_value = _get_constant_value
+    _inductor_lowering._pad_as_cat = _pad_as_cat
+    _inductor_lowering._make_reduction_inner = _make_reduction_inner
     for op, lowering in list(_inductor_lowering.lowerings.items()):
         if lowering is _CAT:  # aten.cat and its overloads
             _inductor_lowering.lowerings[op] = _cat
