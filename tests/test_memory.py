@@ -280,3 +280,29 @@ def test_host_memory_stats_count_pinned_memory():
     assert stats["allocations.current"] >= 1
     del p
     assert torch.neuron.host_memory_stats()["allocated_bytes.current"] == before
+
+
+def test_kernel_buffers_come_from_the_device_cache():
+    """A CPU kernel run for the device allocates its result and its scratch (oneDNN's, through
+    raw_allocate) from the device's caching allocator: a training loop reuses cached blocks instead of
+    asking the runtime for memory on every op, and leaves nothing behind."""
+    import torch.nn.functional as F
+
+    a = torch.randn(256, 256, device="neuron")
+    x = torch.randn(4, 3, 16, 16, device="neuron")
+    w = torch.randn(8, 3, 3, 3, device="neuron", requires_grad=True)
+
+    def step():
+        y = F.conv2d(x, w).relu()
+        (y.sum() + (a @ a).sum()).backward()
+        grad, w.grad = w.grad, None
+        return grad
+
+    expected = torch.func.grad(lambda w: F.conv2d(x.cpu(), w).relu().sum())(w.detach().cpu())
+    torch.testing.assert_close(step().cpu(), expected)
+    start = torch.neuron.memory_allocated()
+    runtime_allocations = torch.neuron.memory_stats()["num_device_alloc"]
+    for _ in range(5):
+        step()
+    assert torch.neuron.memory_stats()["num_device_alloc"] == runtime_allocations
+    assert torch.neuron.memory_allocated() == start

@@ -7,6 +7,7 @@
 #include "neuron.h"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torchneuron {
@@ -276,11 +278,104 @@ class BoundAllocator final : public c10::Allocator {
 
 void deleteBlock(void* ctx) { allocator().release(static_cast<Block*>(ctx)); }
 
+// The device a CPU kernel on this thread computes results for (DeviceOutputScope), or -1.
+thread_local c10::DeviceIndex t_output_device = -1;
+
+// Device blocks handed to CPU kernels, by address (see CpuAllocator).
+std::mutex g_views_mutex;
+std::unordered_map<void*, Block*> g_views;
+c10::DeleterFnPtr g_base_raw_deleter = nullptr;
+
+Block* takeView(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_views_mutex);
+  auto it = g_views.find(ptr);
+  if (it == g_views.end()) return nullptr;
+  Block* block = it->second;
+  g_views.erase(it);
+  return block;
+}
+
+Block* findView(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_views_mutex);
+  auto it = g_views.find(ptr);
+  return it == g_views.end() ? nullptr : it->second;
+}
+
+// The deleter of CPU allocations: a device block goes back to the caching allocator, anything
+// else (a raw_deallocate of the wrapped allocator's memory) to the wrapped allocator.
+void deleteHostView(void* ptr) {
+  if (Block* block = takeView(ptr)) {
+    allocator().release(block);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "neuron: a CPU allocation of unknown origin was freed");
+  g_base_raw_deleter(ptr);
+}
+
+// The process's CPU allocator, wrapped: while a thread runs a CPU kernel for the device, the
+// kernel's buffers (its results, its temporaries, oneDNN's scratchpads) are device blocks from
+// the caching allocator, seen as host memory; everything else goes to the allocator it wraps.
+// A result is then device memory already when the kernel returns, with no malloc, page faults
+// or copy: the storage only changes hands (takeBuffer). Blocks are handed out like the wrapped
+// allocator's memory (context = address), so raw_allocate/raw_deallocate work on both.
+class CpuAllocator final : public c10::Allocator {
+ public:
+  explicit CpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex device = t_output_device;
+    if (device < 0) return base_->allocate(nbytes);
+    c10::DataPtr block = allocator().allocateOn(device, nbytes);
+    void* ptr = block.get();
+    {
+      std::lock_guard<std::mutex> lock(g_views_mutex);
+      g_views.emplace(ptr, static_cast<Block*>(block.release_context()));
+    }
+    return {ptr, ptr, &deleteHostView, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return g_base_raw_deleter != nullptr ? &deleteHostView : nullptr;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
 struct Registration {
-  Registration() { c10::SetAllocator(kNeuron, &allocator()); }
+  Registration() {
+    c10::SetAllocator(kNeuron, &allocator());
+    c10::Allocator* base = c10::GetCPUAllocator();
+    g_base_raw_deleter = base->raw_deleter();
+    static CpuAllocator cpu(base);
+    c10::SetCPUAllocator(&cpu, /*priority=*/1);
+  }
 } registration;
 
 }  // namespace
+
+DeviceOutputScope::DeviceOutputScope(c10::DeviceIndex device) : previous_(t_output_device) {
+  t_output_device = device;
+}
+
+DeviceOutputScope::~DeviceOutputScope() { t_output_device = previous_; }
+
+bool isDeviceBlock(const c10::DataPtr& ptr, c10::DeviceIndex device) {
+  if (ptr.get_deleter() != &deleteHostView || ptr.get_context() != ptr.get()) return false;
+  const Block* block = findView(ptr.get());
+  return block != nullptr && block->device == device;
+}
+
+c10::DataPtr asDeviceMemory(c10::DataPtr view) {
+  void* ptr = view.get();
+  Block* block = takeView(ptr);
+  TORCH_INTERNAL_ASSERT(block != nullptr, "neuron: not a device block");
+  view.release_context();  // its deleter must not run: the block now belongs to the returned DataPtr
+  return {ptr, block, &deleteBlock, c10::Device(kNeuron, block->device)};
+}
+
 
 c10::DeviceAllocator* deviceAllocator() { return &allocator(); }
 

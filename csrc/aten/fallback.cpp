@@ -141,6 +141,9 @@ class Call {
       if (a.written && !a.neuron.is_nested()) syncFromAlias(a.neuron, a.cpu);
   }
 
+  // The device the CPU kernel's buffers are allocated on: none for an explicit device=cpu.
+  c10::DeviceIndex outputDevice() const { return to_cpu_ ? -1 : device_; }
+
   // The keys to run the CPU kernel under: nested arguments take the CPU's nested-tensor kernels.
   c10::DispatchKeySet cpuKeys() const {
     return nested_ ? c10::DispatchKeySet({c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::CPU})
@@ -251,7 +254,10 @@ class Call {
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   Call call(op);
   call.convertArguments(stack);
-  op.redispatchBoxed(call.cpuKeys(), stack);
+  {
+    DeviceOutputScope scope(call.outputDevice());
+    op.redispatchBoxed(call.cpuKeys(), stack);
+  }
   call.reflectWrites();
   call.convertReturns(stack);
 }

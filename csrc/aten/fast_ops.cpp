@@ -95,7 +95,12 @@ struct Fast<Op, at::Tensor(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    return toDevice(Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...), device);
+    at::Tensor out;
+    {
+      DeviceOutputScope scope(device);
+      out = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
+    }
+    return toDevice(std::move(out), device);
   }
 };
 
@@ -150,7 +155,11 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    auto outs = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
+    std::tuple<Outs...> outs;
+    {
+      DeviceOutputScope scope(device);
+      outs = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
+    }
     return std::apply(
         [&](auto&... t) { return std::tuple<Outs...>((t.defined() ? toDevice(std::move(t), device) : t)...); },
         outs);
@@ -162,9 +171,12 @@ struct Fast<Op, at::Tensor&(Args...)> {
   static at::Tensor& call(Args... args) {
     Scan scan;
     (scan.add(args), ...);
-    scan.check(Op::name, Op::overload_name);
+    const auto device = scan.check(Op::name, Op::overload_name);
     OutAlias out(outArgument<Args...>(args...));
-    Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), out.arg(args)...);
+    {
+      DeviceOutputScope scope(device);
+      Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), out.arg(args)...);
+    }
     return out.finish();
   }
 };

@@ -45,6 +45,23 @@ c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes);
 // An allocator that always allocates on `device`.
 c10::Allocator* allocatorFor(c10::DeviceIndex device);
 c10::Allocator* hostAllocator();
+// While alive, buffers that CPU kernels on this thread allocate through the CPU allocator are
+// blocks of `device`'s caching allocator (seen as host memory): the kernels' results need no
+// adoption and no copy. Scopes nest; -1 turns the redirection off.
+class DeviceOutputScope {
+ public:
+  explicit DeviceOutputScope(c10::DeviceIndex device);
+  ~DeviceOutputScope();
+  DeviceOutputScope(const DeviceOutputScope&) = delete;
+  DeviceOutputScope& operator=(const DeviceOutputScope&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+// True when a host-visible DataPtr is a block of `device`'s caching allocator (see DeviceOutputScope).
+bool isDeviceBlock(const c10::DataPtr& ptr, c10::DeviceIndex device);
+// Such a DataPtr as the device memory it is.
+c10::DataPtr asDeviceMemory(c10::DataPtr block);
 
 // ---- random (generator.cpp) ----------------------------------------------
 const at::Generator& defaultGenerator(c10::DeviceIndex index);

@@ -52,6 +52,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                        c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                        c10::IntArrayRef output_padding, int64_t groups) {
+  DeviceOutputScope scope(deviceOf(input));
   std::optional<at::Tensor> cpu_bias;
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(input), onCpu(weight), cpu_bias, stride, padding, dilation,
@@ -72,6 +73,7 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
                     "convolution_channels_last: expected 4-d input and weight, got ", input.dim(), "-d and ",
                     weight.dim(), "-d");
   const at::Tensor x = channelsLastOnDevice(input), w = channelsLastOnDevice(weight);
+  DeviceOutputScope scope(deviceOf(input));
   std::optional<at::Tensor> cpu_bias;
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(x), onCpu(w), cpu_bias, stride, padding, dilation, transposed,
@@ -92,6 +94,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardChannelsLast(
                     grad_output.dim(), "-d, ", input.dim(), "-d and ", weight.dim(), "-d");
   const at::Tensor go = channelsLastOnDevice(grad_output), x = channelsLastOnDevice(input),
                    w = channelsLastOnDevice(weight);
+  DeviceOutputScope scope(deviceOf(input));
   auto [gi, gw, gb] = at::convolution_backward(onCpu(go), onCpu(x), onCpu(w), bias_sizes, stride, padding,
                                                dilation, transposed, output_padding, groups, output_mask);
   const auto d = deviceOf(input);
@@ -107,6 +110,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+  DeviceOutputScope scope(deviceOf(input));
   auto [gi, gw, gb] = at::convolution_backward(
       onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
