@@ -559,6 +559,15 @@ def test_cache_reused_by_second_process_and_log_env(run_python, tmp_path):
     assert second.returncode == 0, second.stderr
     assert "fx 1 0" in second.stdout
 
+    # A process in which Inductor's check of the host's vector instructions fails compiles its own
+    # entry instead of taking vectorized kernels it cannot build (Inductor's keys leave the
+    # instruction set out; the check fails e.g. when a module in the working directory shadows the
+    # standard library's).
+    failed_check = "from torch._inductor import cpu_vec_isa\ncpu_vec_isa.VecISA.check_build = lambda *a: False\n"
+    scalar = run_python(failed_check + _CACHE_PROGRAM, env=env, timeout=600)
+    assert scalar.returncode == 0, scalar.stderr
+    assert "fx 0 1" in scalar.stdout
+
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "c"))

@@ -57,6 +57,7 @@ from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 
 from . import _cache, _codegen_config, diagnostics
@@ -430,6 +431,7 @@ def register() -> None:
     diagnostics.install()
     with open(__file__, "rb") as source:
         _codegen_config.codegen_version = hashlib.sha256(source.read()).hexdigest()[:16]
+    _codegen_config.vec_isa = str(pick_vec_isa())
     _di.register_interface_for_device(DEVICE, NeuronInterface)
     for i in range(torch.neuron.device_count()):
         _di.register_interface_for_device(f"{DEVICE}:{i}", NeuronInterface)
