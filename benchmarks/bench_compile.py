@@ -1,7 +1,8 @@
 """torch.compile: MLP, CNN and small-GPT training steps and inference, compiled and eager, neuron versus CPU.
 
-Each workload runs in five variants, timed in the same interleaved rounds (the
-order rotates each round, so load drift hits all of them alike):
+Each workload runs in five variants, timed in the same interleaved rounds (in a
+new random order each round, so load drift hits all of them alike and no variant
+always runs after the same one):
 
   CPU eager, CPU compiled (``torch.compile``, PyTorch's default backend Inductor),
   neuron eager, neuron compiled with the default backend, neuron compiled with
@@ -29,6 +30,7 @@ import copy
 import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -239,9 +241,11 @@ def measure_workload(work: Workload, variants: list[tuple[str, str]], rounds: in
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        order = random.Random(0)
         for r in range(warmup + rounds):
-            shift = r % len(variants)
-            for i in list(range(shift, len(variants))) + list(range(shift)):
+            # A new order every round: a variant run right after another (an eager one, whose
+            # allocations and cache traffic linger) would otherwise always follow the same one.
+            for i in order.sample(range(len(variants)), len(variants)):
                 per_call = time_round(fns[i], inner, syncs[i])
                 if r >= warmup:
                     samples[variants[i]].append(per_call)
