@@ -35,8 +35,7 @@ c10::DataPtr copyBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device
 c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   const auto& current = storage->data_ptr();
-  if (isDeviceBlock(current, device))  // allocated in a DeviceOutputScope: device memory already
-    return asDeviceMemory(storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))));
+  if (auto block = takeDeviceBlock(storage, device)) return std::move(*block);  // device memory already
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
   if (!owned) return copyBuffer(storage, device);  // not ours to take: copy instead
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));

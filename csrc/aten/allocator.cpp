@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -295,12 +296,6 @@ Block* takeView(void* ptr) {
   return block;
 }
 
-Block* findView(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_views_mutex);
-  auto it = g_views.find(ptr);
-  return it == g_views.end() ? nullptr : it->second;
-}
-
 // The deleter of CPU allocations: a device block goes back to the caching allocator, anything
 // else (a raw_deallocate of the wrapped allocator's memory) to the wrapped allocator.
 void deleteHostView(void* ptr) {
@@ -362,20 +357,22 @@ DeviceOutputScope::DeviceOutputScope(c10::DeviceIndex device) : previous_(t_outp
 
 DeviceOutputScope::~DeviceOutputScope() { t_output_device = previous_; }
 
-bool isDeviceBlock(const c10::DataPtr& ptr, c10::DeviceIndex device) {
-  if (ptr.get_deleter() != &deleteHostView || ptr.get_context() != ptr.get()) return false;
-  const Block* block = findView(ptr.get());
-  return block != nullptr && block->device == device;
-}
-
-c10::DataPtr asDeviceMemory(c10::DataPtr view) {
+std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device) {
+  const c10::DataPtr& view = storage->data_ptr();
+  if (view.get_deleter() != &deleteHostView || view.get_context() != view.get()) return std::nullopt;
   void* ptr = view.get();
-  Block* block = takeView(ptr);
-  TORCH_INTERNAL_ASSERT(block != nullptr, "neuron: not a device block");
-  view.release_context();  // its deleter must not run: the block now belongs to the returned DataPtr
-  return {ptr, block, &deleteBlock, c10::Device(kNeuron, block->device)};
+  Block* block = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_views_mutex);
+    auto it = g_views.find(ptr);
+    if (it == g_views.end() || it->second->device != device) return std::nullopt;
+    block = it->second;
+    g_views.erase(it);
+  }
+  // The storage lets go of the block without running its deleter: it belongs to the result now.
+  storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();
+  return c10::DataPtr(ptr, block, &deleteBlock, c10::Device(kNeuron, device));
 }
-
 
 c10::DeviceAllocator* deviceAllocator() { return &allocator(); }
 

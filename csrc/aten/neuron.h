@@ -15,6 +15,7 @@ struct OperatorName;
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace torchneuron {
@@ -58,10 +59,9 @@ class DeviceOutputScope {
  private:
   c10::DeviceIndex previous_;
 };
-// True when a host-visible DataPtr is a block of `device`'s caching allocator (see DeviceOutputScope).
-bool isDeviceBlock(const c10::DataPtr& ptr, c10::DeviceIndex device);
-// Such a DataPtr as the device memory it is.
-c10::DataPtr asDeviceMemory(c10::DataPtr block);
+// When a CPU storage holds a block of `device`'s caching allocator (allocated in a DeviceOutputScope),
+// takes it out of the storage as the device memory it is; otherwise nothing.
+std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device);
 
 // ---- random (generator.cpp) ----------------------------------------------
 const at::Generator& defaultGenerator(c10::DeviceIndex index);
