@@ -2,8 +2,10 @@
 //
 // Freed blocks are kept per device and size for reuse; they go back to the
 // runtime on empty_cache() or when an allocation would otherwise not fit.
-// Buffers that CPU kernels produce for the device (the zero-copy path) are
-// adopted: charged to the device and counted like any other allocation.
+// CPU kernels run for the device (the zero-copy path) allocate from it too,
+// through a wrapper of the CPU allocator (DeviceOutputScope); buffers they
+// produce some other way are adopted: charged to the device and counted like
+// any other allocation.
 #include "neuron.h"
 
 #include <c10/core/Allocator.h>
