@@ -179,8 +179,7 @@ def _use_two_step_variance(x, axis, keepdim, input_dtype) -> bool:
     LayerNorm would run Welford's update per element. For a neuron input the
     rule runs with the CPU's threshold in that place.
     """
-    device = x.get_device()
-    if device is not None and device.type == DEVICE:
+    if _ir.get_device_type(x) == DEVICE:
         with inductor_config.patch(unroll_reductions_threshold=inductor_config.cpp.use_two_step_variance_threshold):
             return _USE_TWO_STEP_VARIANCE(x, axis, keepdim, input_dtype)
     return _USE_TWO_STEP_VARIANCE(x, axis, keepdim, input_dtype)
@@ -197,8 +196,7 @@ def _get_constant_value(x):
     the CPU, whose results would then differ from eager's in the last bit
     (pytorch/pytorch#157959). Neuron graphs keep the division, as CPU graphs do.
     """
-    device = x.get_device() if hasattr(x, "get_device") else None
-    if device is not None and device.type == DEVICE:
+    if _ir.get_device_type(x) == DEVICE:
         return None
     return _GET_CONSTANT_VALUE(x)
 
@@ -213,8 +211,7 @@ def _pad_as_cat(x, padding, fill_value):
     concatenation is one pointwise kernel; neuron concatenations are
     ``ConcatKernel`` copies (:func:`_cat`), so the pad stays one pointwise kernel.
     """
-    device = x.get_device()
-    if device is not None and device.type == DEVICE:
+    if _ir.get_device_type(x) == DEVICE:
         return None
     return _PAD_AS_CAT(x, padding, fill_value)
 
@@ -230,12 +227,11 @@ def _make_reduction_inner(x, **kwargs):
     An argmax/argmin over several dimensions of a permuted or strided tensor
     walks them in memory order; Inductor turns the position back into the
     logical index only for Triton and the CPU's C++ backend, and for any other
-    device returns the memory position: ``argmax(x.permute(2, 0, 1))`` gave 55
-    where eager gives 187. For a neuron input the rule runs as for those
-    backends (its ``is_triton`` check answers True for this call only).
+    device returns the position in memory: ``argmax(x.permute(2, 0, 1))`` of a
+    6x5x7 tensor gave 55 where eager gave 187. For a neuron input the rule runs
+    as for those backends (its ``is_triton`` check answers True for this call only).
     """
-    device = x.get_device()
-    if device is not None and device.type == DEVICE and kwargs.get("reduction_type") in _ARG_REDUCTIONS:
+    if _ir.get_device_type(x) == DEVICE and kwargs.get("reduction_type") in _ARG_REDUCTIONS:
         with unittest.mock.patch.object(_inductor_lowering, "is_triton", lambda _node: True):
             return _MAKE_REDUCTION_INNER(x, **kwargs)
     return _MAKE_REDUCTION_INNER(x, **kwargs)
