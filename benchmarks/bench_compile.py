@@ -19,7 +19,7 @@ variant only (see :func:`_own_code`). A third table (skip it with ``--no-compile
 and warm compile times of the training steps, measured in fresh processes with an
 empty and then a filled cache directory.
 
-    python benchmarks/bench_compile.py                 # everything (tens of minutes on 2 cores, cold cache)
+    python benchmarks/bench_compile.py                 # everything (about 20 minutes on 2 cores, cold cache)
     python benchmarks/bench_compile.py -k mlp --quick  # smoke run
 """
 
