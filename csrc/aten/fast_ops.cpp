@@ -14,6 +14,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 namespace torchneuron {
 namespace {
@@ -86,6 +87,13 @@ at::Tensor toDevice(at::Tensor out, c10::DeviceIndex device) {
   return adoptOutput(out, device);
 }
 
+// Runs Op's CPU kernel on already converted arguments, its buffers allocated on `device`.
+template <class Op, class... Args>
+decltype(auto) cpuKernel(c10::DeviceIndex device, Args&&... args) {
+  DeviceOutputScope scope(device);
+  return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::forward<Args>(args)...);
+}
+
 template <class Op, class Schema = typename Op::schema>
 struct Fast;
 
@@ -95,12 +103,7 @@ struct Fast<Op, at::Tensor(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    at::Tensor out;
-    {
-      DeviceOutputScope scope(device);
-      out = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
-    }
-    return toDevice(std::move(out), device);
+    return toDevice(cpuKernel<Op>(device, onCpu(args)...), device);
   }
 };
 
@@ -155,11 +158,7 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    std::tuple<Outs...> outs;
-    {
-      DeviceOutputScope scope(device);
-      outs = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), onCpu(args)...);
-    }
+    auto outs = cpuKernel<Op>(device, onCpu(args)...);
     return std::apply(
         [&](auto&... t) { return std::tuple<Outs...>((t.defined() ? toDevice(std::move(t), device) : t)...); },
         outs);
@@ -173,10 +172,7 @@ struct Fast<Op, at::Tensor&(Args...)> {
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
     OutAlias out(outArgument<Args...>(args...));
-    {
-      DeviceOutputScope scope(device);
-      Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), out.arg(args)...);
-    }
+    cpuKernel<Op>(device, out.arg(args)...);
     return out.finish();
   }
 };
