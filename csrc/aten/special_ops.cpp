@@ -73,12 +73,13 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
                     "convolution_channels_last: expected 4-d input and weight, got ", input.dim(), "-d and ",
                     weight.dim(), "-d");
   const at::Tensor x = channelsLastOnDevice(input), w = channelsLastOnDevice(weight);
-  DeviceOutputScope scope(deviceOf(input));
+  const auto d = deviceOf(input);
+  DeviceOutputScope scope(d);
   std::optional<at::Tensor> cpu_bias;
   if (bias && bias->defined()) cpu_bias = onCpu(*bias);
   auto out = at::convolution(onCpu(x), onCpu(w), cpu_bias, stride, padding, dilation, transposed,
                              output_padding, groups);
-  return adopt(out.contiguous(at::MemoryFormat::ChannelsLast), deviceOf(input));
+  return adopt(out.contiguous(at::MemoryFormat::ChannelsLast), d);
 }
 
 // torchneuron::convolution_backward_channels_last: the gradients of convolution_channels_last,
@@ -94,10 +95,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardChannelsLast(
                     grad_output.dim(), "-d, ", input.dim(), "-d and ", weight.dim(), "-d");
   const at::Tensor go = channelsLastOnDevice(grad_output), x = channelsLastOnDevice(input),
                    w = channelsLastOnDevice(weight);
-  DeviceOutputScope scope(deviceOf(input));
+  const auto d = deviceOf(input);
+  DeviceOutputScope scope(d);
   auto [gi, gw, gb] = at::convolution_backward(onCpu(go), onCpu(x), onCpu(w), bias_sizes, stride, padding,
                                                dilation, transposed, output_padding, groups, output_mask);
-  const auto d = deviceOf(input);
   auto result = [&](const at::Tensor& g, bool channels_last) {
     if (!g.defined()) return at::empty({0}, grad_output.options());
     return adopt(channels_last ? g.contiguous(at::MemoryFormat::ChannelsLast) : g, d);
@@ -110,11 +111,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   const int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
-  DeviceOutputScope scope(deviceOf(input));
+  const auto d = deviceOf(input);
+  DeviceOutputScope scope(d);
   auto [gi, gw, gb] = at::convolution_backward(
       onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
-  const auto d = deviceOf(input);
   return {adoptInConvFormat(gi, input, weight), adoptInConvFormat(gw, input, weight), adopt(gb, d)};
 }
 
