@@ -1,7 +1,15 @@
-"""Builds torchneuron and its C++ core, torchneuron._C, against the installed torch."""
+"""Builds torchneuron and its C++ core, torchneuron._C, against the installed torch.
+
+The object files live in build/temp.<platform>-<python>/ and ninja recompiles only
+the sources (or the headers they include) that changed, also for an editable install,
+whose build directory setuptools would otherwise make a fresh temporary one each time.
+"""
 
 import glob
 import os
+import sys
+import sysconfig
+import warnings
 
 # Building must not load a previously built (possibly stale) torchneuron.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
@@ -14,9 +22,25 @@ SOURCES = sorted(
     os.path.relpath(p, ROOT)
     for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
 )
+BUILD_TEMP = os.path.join(
+    ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+)
+
+# setuptools' notice on every editable install, that folders of the working directory named
+# like the package may take precedence over it: here that folder is the package itself.
+warnings.filterwarnings("ignore", message="Editable installation")
 
 # Compile the C++ files in parallel: ninja takes MAX_JOBS, default all cores.
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+
+
+class build_ext(BuildExtension.with_options(use_ninja=True)):
+    """torch's BuildExtension with ninja, keeping its objects in one persistent directory."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = BUILD_TEMP
+
 
 setup(
     ext_modules=[
@@ -26,5 +50,5 @@ setup(
             extra_compile_args={"cxx": ["-O2", "-std=c++20", "-fvisibility=hidden", "-Wno-unused-parameter"]},
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": build_ext},
 )

@@ -1,13 +1,65 @@
 #!/usr/bin/env bash
-# Creates .venv with torch 2.13.0 (CPU) and torchneuron built from this checkout.
-# Re-running it is cheap: pip skips what is installed and the build is incremental.
+# Creates .venv with torch 2.13.0 (CPU) and torchneuron installed editable from this checkout.
+#
+# Re-running it on an unchanged checkout takes seconds: stamps in .venv record what the
+# last successful run installed and built, and each step is skipped while its inputs
+# are unchanged (the package list; csrc/, setup.py, pyproject.toml, torch's version and
+# the built torchneuron/_C*.so). When a source changed, ninja recompiles only that file
+# (its objects stay in build/). TORCHNEURON_REBUILD=1 forces the build step.
+#
+# `bash scripts/bootstrap.sh --check` changes nothing: it exits 0 when a run would only
+# print the final line, 1 when it would install or build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q "torch==2.13.0" setuptools wheel ninja numpy tqdm \
-    pytest hypothesis expecttest libcst
-# torch must be importable while the C++ core builds, hence no build isolation.
-MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import torch; assert torch.accelerator.current_accelerator().type == 'neuron'; print('torchneuron ready:', torch.neuron.device_count(), 'neuron devices')"
+VPY=.venv/bin/python
+# torch (with numpy) must be importable while the C++ core builds, hence no build isolation
+# below; the other runtime dependencies come from pyproject.toml; this list adds the build
+# and test tools.
+PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest)
+packages_stamp=.venv/.torchneuron-packages
+build_stamp=.venv/.torchneuron-build
+
+inputs_hash() {
+    {
+        find csrc -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+        sha256sum setup.py pyproject.toml
+        "$VPY" -c "import importlib.metadata as m, sys; print(m.version('torch'), sys.version)"
+        # The built library itself, so that a build by other means is not taken for ours.
+        stat -c '%n %s %Y' torchneuron/_C*.so 2>/dev/null || echo "no _C"
+        ls -d .venv/lib/python*/site-packages/torchneuron-*.dist-info 2>/dev/null || echo "not installed"
+    } | sha256sum | cut -d' ' -f1
+}
+packages_current() { [ "$(cat "$packages_stamp" 2>/dev/null)" = "${PACKAGES[*]}" ]; }
+build_current() {
+    [ "${TORCHNEURON_REBUILD:-0}" != 1 ] && [ "$(cat "$build_stamp" 2>/dev/null)" = "$(inputs_hash)" ]
+}
+
+if [ "${1:-}" = --check ]; then
+    if [ -x "$VPY" ] && packages_current && build_current; then
+        echo "bootstrap: up to date"
+        exit 0
+    fi
+    echo "bootstrap: would install or build"
+    exit 1
+fi
+
+if [ ! -x "$VPY" ]; then
+    "$PY" -m venv .venv
+    "$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+fi
+
+# Step 1: torch and the tools, when the list changed since the last run.
+if ! packages_current; then
+    "$VPY" -m pip install -q "${PACKAGES[@]}"
+    echo "${PACKAGES[*]}" >"$packages_stamp"
+fi
+
+# Step 2: torchneuron (runtime dependencies, C++ core, entry points), when its inputs changed.
+if ! build_current; then
+    rm -f "$build_stamp"
+    MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VPY" -m pip install -q --no-build-isolation -e .
+    inputs_hash >"$build_stamp"
+fi
+
+"$VPY" -c "import torch; assert torch.accelerator.current_accelerator().type == 'neuron'; print('torchneuron ready:', torch.neuron.device_count(), 'neuron devices')"
