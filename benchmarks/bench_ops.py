@@ -67,6 +67,19 @@ def _conv2d(batch: int, channels: int, size: int, kernel: int):
     return setup
 
 
+def _random(op, numel: int):
+    """Return a setup that times a random op on a seeded float32 tensor of numel elements.
+
+    Args:
+        op: function of (x) to time; it draws from the device's default generator.
+        numel: elements of x.
+    """
+    def setup(device: torch.device) -> Fn:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
+        return lambda: op(x)
+    return setup
+
+
 def build_cases(args: argparse.Namespace) -> list[Case]:
     """Return the operator cases.
 
@@ -82,12 +95,15 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         Case("sum x.sum()", _small(lambda x, y: x.sum()), SMALL_TARGET),
         Case("matmul 1024x1024", _matmul(1024), LARGE_TARGET),
         Case("conv2d 8x64x56x56 k3 p1", _conv2d(8, 64, 56, 3), LARGE_TARGET),
+        Case("randn 1M", _random(lambda x: torch.randn(x.shape, device=x.device), 1 << 20), LARGE_TARGET),
+        Case("rand 1M", _random(lambda x: torch.rand(x.shape, device=x.device), 1 << 20), LARGE_TARGET),
+        Case("dropout p=0.1 1M", _random(lambda x: F.dropout(x, 0.1, training=True), 1 << 20), LARGE_TARGET),
     ]
 
 
 SUITE = Suite(
     name="ops",
-    description="operator latency: small ops on 16-element float32 tensors, large matmul and conv2d",
+    description="operator latency: small ops on 16-element float32 tensors, large matmul and conv2d, random ops",
     build_cases=build_cases,
     default_threads=1,
     default_rounds=30,

@@ -307,10 +307,10 @@ def test_threads_with_autograd_and_random(two_devices):
         return run
 
     _run_threads([worker(0), worker(1)])
-    for i in range(2):
-        g = torch.Generator().manual_seed(100 + i)
-        w = torch.randn(16, 16, generator=g, requires_grad=True)
-        x = torch.randn(8, 16, generator=g)
+    for i in range(2):  # the same on this thread alone
+        g = torch.Generator(device=f"neuron:{i}").manual_seed(100 + i)
+        w = torch.randn(16, 16, device=f"neuron:{i}", generator=g).cpu().requires_grad_()
+        x = torch.randn(8, 16, device=f"neuron:{i}", generator=g).cpu()
         (x @ w).pow(2).sum().backward()
         torch.testing.assert_close(out[i][0], w.detach())
         torch.testing.assert_close(out[i][1], x)

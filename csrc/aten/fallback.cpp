@@ -2,7 +2,7 @@
 //
 // Neuron tensors among the arguments are replaced by CPU aliases of their
 // memory, a neuron device argument by the CPU, a neuron generator (or none)
-// by the device generator's own stream; PyTorch's CPU kernel runs; what it did
+// by a CPU generator keyed from the device generator's stream; PyTorch's CPU kernel runs; what it did
 // to mutable arguments is reflected back, and its outputs become neuron
 // tensors on the op's device without a copy.
 #include "neuron.h"
@@ -125,14 +125,7 @@ class Call {
     for (size_t i = 0; i < args.size(); ++i) {
       if (!isGeneratorArg(args[i])) continue;
       auto& iv = (*stack)[first + i];
-      if (iv.isNone()) {
-        iv = cpuGeneratorOf(defaultGenerator(device_));
-      } else {
-        const auto gen = iv.toGenerator();
-        TORCH_CHECK(gen.device().type() == kNeuron,
-            "Expected a 'neuron' device type for generator but found '", gen.device().type(), "'");
-        iv = cpuGeneratorOf(gen);
-      }
+      iv = cpuGeneratorFor(iv.isNone() ? std::nullopt : std::optional<at::Generator>(iv.toGenerator()), device_);
     }
   }
 

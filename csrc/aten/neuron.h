@@ -63,11 +63,22 @@ class DeviceOutputScope {
 // takes it out of the storage as the device memory it is; otherwise nothing.
 std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device);
 
-// ---- random (generator.cpp) ----------------------------------------------
+// ---- random (generator.cpp; the kernels in random_ops.cpp) -----------------
 const at::Generator& defaultGenerator(c10::DeviceIndex index);
 at::Generator newGenerator(c10::DeviceIndex index);
-// The CPU generator whose stream a neuron generator draws from.
-at::Generator cpuGeneratorOf(const at::Generator& neuron_generator);
+// Where a random op's draws start in a neuron generator's Philox stream.
+struct PhiloxDraw {
+  uint64_t seed;
+  uint64_t offset;
+};
+// Reserves `count` offset units (one per element drawn) of a neuron generator (`device`'s default
+// one when `gen` is none or undefined) and returns where they start; raises for a generator of
+// another device type.
+PhiloxDraw reservePhilox(const std::optional<at::Generator>& gen, c10::DeviceIndex device, uint64_t count);
+// A CPU generator for a PyTorch CPU kernel that draws its own random numbers (the random ops
+// without a kernel in random_ops.cpp): its Mersenne Twister state is Philox words of a subsequence
+// of its own, named by the neuron generator's offset, which advances by 4.
+at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen, c10::DeviceIndex device);
 
 // ---- the zero-copy path (alias.cpp) --------------------------------------
 // A CPU tensor viewing the memory of a neuron tensor: same sizes, strides,

@@ -192,26 +192,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedGruC
           adopt(gib, d), adopt(ghb, d)};
 }
 
-// Dropout as PyTorch's CPU kernel computes it, drawing from the device's
-// generator (the op takes none, so the CPU kernel would use the CPU's).
-std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input, double p, std::optional<bool> train) {
-  const auto d = deviceOf(input);
-  auto x = onCpu(input);
-  if (x.numel() == 0) return {input, adopt(at::empty_like(x), d)};
-  at::Tensor mask, output;
-  if (!train.has_value() || *train) {
-    const double p1m = 1. - p;
-    const double scale = p1m == 0 ? 0. : 1. / p1m;
-    mask = at::empty_like(x, x.options().dtype(at::kBool));
-    mask.bernoulli_(p1m, cpuGeneratorOf(defaultGenerator(d)));
-    output = x.mul(mask).mul_(scale);
-  } else {
-    mask = at::ones_like(x, x.options().dtype(at::kBool));
-    output = x.clone();
-  }
-  return {adopt(output, d), adopt(mask, d)};
-}
-
 // scaled_dot_product_attention asks each device which fused kernel to use;
 // without an answer an accelerator gets the slow math path. Neuron answers as
 // the CPU would for the same tensors (the choice reads only their metadata, so
@@ -253,7 +233,6 @@ TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution));
-  m.impl("native_dropout", TORCH_FN(nativeDropout));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolutionBackward));
   m.impl("_thnn_fused_lstm_cell", TORCH_FN(fusedLstmCell));
   m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fusedLstmCellBackward));

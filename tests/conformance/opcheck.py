@@ -23,6 +23,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+
+from torchneuron.migrate.host_rng import HostRNGMode
 from torch.testing._internal.common_utils import noncontiguous_like
 from torch.utils._pytree import tree_flatten
 
@@ -219,10 +221,14 @@ class Outcome:
 
 
 def run(fn, seed=1234):
-    """Call fn with the random generators seeded, capture its result or error."""
+    """Call fn with the random generators seeded, capture its result or error.
+
+    Random ops on neuron tensors draw from the CPU generator here (HostRNGMode), so that both sides
+    see the same numbers; the device's own Philox stream is checked in tests/test_random.py.
+    """
     torch.manual_seed(seed)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), HostRNGMode():
             warnings.simplefilter("ignore")
             return Outcome(value=fn())
     except Exception as e:  # noqa: BLE001

@@ -2,8 +2,9 @@
 
 A CUDA program run with CUDA mapped to the CPU draws every random number (weight
 init on the host, dropout on the "device") from the one CPU generator. Run on
-neuron, its device ops draw from the neuron generator instead, so the two runs
-see different dropout masks even though both are correct. Inside
+neuron, its device ops draw from the neuron generator's Philox stream instead
+(as they would from CUDA's), so the two runs see different dropout masks even
+though both are correct. Inside
 :class:`HostRNGMode`, random ops on neuron tensors run on the CPU with the CPU
 generator and their results are copied back, so the neuron run draws exactly the
 numbers the CPU run draws. Only ``torchneuron parity`` (and tests) use it.
@@ -76,6 +77,8 @@ class HostRNGMode(TorchDispatchMode):
             cpu_value = cpu_args[i] if i < len(cpu_args) else cpu_kwargs.get(spec.name)
             if isinstance(cpu_value, torch.Tensor) and id(cpu_value) in originals:
                 original = originals[id(cpu_value)]
+                if original.shape != cpu_value.shape:  # an out= argument the op resized
+                    original.resize_(cpu_value.shape)
                 original.copy_(cpu_value)
                 written[id(cpu_value)] = original
 
