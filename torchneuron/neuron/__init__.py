@@ -6,6 +6,7 @@ torchneuron is loaded, and through ``torch.accelerator`` and
 ``torch.get_device_module("neuron")``.
 """
 
+import time
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -57,6 +58,9 @@ __all__ = [
 
 OutOfMemoryError = torch.OutOfMemoryError
 
+#: Whether the neuron runtime is initialized, as ``torch.cuda._initialized``: true once torchneuron is loaded.
+_initialized = True
+
 
 def is_available() -> bool:
     """Return whether a neuron device is present."""
@@ -70,7 +74,7 @@ def device_count() -> int:
 
 def is_initialized() -> bool:
     """Return whether the neuron runtime is initialized (it is, once torchneuron is loaded)."""
-    return True
+    return _initialized and not _is_in_bad_fork()
 
 
 def init() -> None:
@@ -78,6 +82,7 @@ def init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
+    """Return whether this process is a fork child that cannot use the device (the neuron runtime tracks no forks)."""
     return False
 
 
@@ -184,6 +189,14 @@ def synchronize(device: Any = None) -> None:
     _C._synchronize(_get_device_index(device))
 
 
+def _sleep(cycles: int) -> None:
+    """Occupy the current stream for ``cycles`` device clock cycles (at a nominal 1 GHz).
+
+    Kernels of the emulated NeuronCore run to completion when launched, so the host waits as well.
+    """
+    time.sleep(max(int(cycles), 0) / 1e9)
+
+
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """Return whether bfloat16 is supported (it is)."""
     return True
@@ -211,6 +224,7 @@ def reset_transfer_stats() -> None:
 
 def __getattr__(name: str) -> Any:
     # Inductor looks these up on torch.neuron at its first compile; loading them then keeps Inductor out of `import torch`.
+    # CppWrapperCodegen stays absent: given it too, Inductor would register neuron over torchneuron's own registration.
     if name in ("Scheduling", "PythonWrapperCodegen"):
         from ..compile import inductor
         return getattr(inductor, name)
