@@ -95,9 +95,7 @@ LEFT_OUT = {
 }
 
 # Names that belong to torchneuron/neuron/random.py, not added there yet.
-PENDING = {
-    "_get_generator": "the default generator of a device: to be added with random.py (then drop it here)",
-}
+PENDING: dict[str, str] = {}
 
 # Reads whose attribute name is computed at run time: where -> why that is fine.
 DYNAMIC = {

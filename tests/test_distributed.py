@@ -111,6 +111,18 @@ def test_a_rank_that_dies_makes_the_other_fail_clearly(failing_run):
     assert "ASYNC FAILED AS EXPECTED" in out, out
 
 
+def test_fsdp2_meta_device_recipe_under_torchrun(tmp_path):
+    # with torch.device("meta"): build; fully_shard; to_empty(device=...); init_weights(); train.
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "fsdp_meta_init.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHNEURON_NUM_DEVICES="2", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT * 2, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert out.count("FSDP META INIT OK") == WORLD_SIZE, out
+
+
 def test_each_rank_uses_neuron_local_rank(monkeypatch):
     import torch
     from torchneuron.distributed import select_device

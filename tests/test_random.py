@@ -497,3 +497,96 @@ def test_default_generator_shared_by_threads_hands_out_each_draw_once():
 def _sequential_rows(seed, n, width):
     g = torch.Generator(device="neuron").manual_seed(seed)
     return [torch.rand(1, width, device="neuron", generator=g).cpu() for _ in range(n)]
+
+
+# ---- PyTorch's own code that saves and restores the device's random state --------------------
+
+class _DropoutNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.GELU(),
+                                         torch.nn.Linear(32, 32), torch.nn.Dropout(0.3))
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x, checkpoint=None):
+        from torch.utils.checkpoint import checkpoint as ckpt
+        h = self.block(x) if checkpoint is None else ckpt(self.block, x, use_reentrant=checkpoint == "reentrant")
+        return self.head(h)
+
+
+def _loss_and_grads(device, checkpoint=None, autocast=False):
+    torch.manual_seed(0)
+    model = _DropoutNet().to(device)
+    x = torch.randn(8, 16).to(device).requires_grad_()
+    torch.manual_seed(123)
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=autocast):
+        loss = model(x, checkpoint).float().square().mean()
+    loss.backward()
+    return [loss.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "autocast"])
+@pytest.mark.parametrize("kind", ["reentrant", "non-reentrant"])
+def test_checkpointed_dropout_recomputes_the_same_mask(kind, autocast):
+    # torch.utils.checkpoint restores the device's random state before recomputing the forward,
+    # so the gradients belong to the forward that ran: exactly the plain run's, as on the CPU.
+    for device in ("cpu", "neuron"):
+        torch.testing.assert_close(_loss_and_grads(device, kind, autocast), _loss_and_grads(device, None, autocast),
+                                   rtol=0, atol=0, msg=lambda m: f"{device}: {m}")
+
+
+def test_checkpointing_needs_the_device_modules_initialized_flag(monkeypatch):
+    # torch.utils.checkpoint saves a device's random state only if the device module says it is
+    # initialized (`_initialized`, as torch.cuda does); without it the recomputation draws anew.
+    monkeypatch.delattr(torch.neuron, "_initialized")
+    plain, checkpointed = _loss_and_grads("neuron", None), _loss_and_grads("neuron", "non-reentrant")
+    torch.testing.assert_close(checkpointed[0], plain[0], rtol=0, atol=0)   # the forward is the same ...
+    assert not torch.equal(checkpointed[1], plain[1])                        # ... its gradients are not
+
+
+def test_rng_state_round_trips_through_torch_save(tmp_path):
+    torch.neuron.manual_seed(31)
+    torch.rand(10, device="neuron")
+    torch.save({"neuron": torch.neuron.get_rng_state_all(), "generator": torch.neuron.default_generators[0]
+                .get_state()}, tmp_path / "rng.pt")
+    expected = torch.rand(40, device="neuron").cpu()
+    torch.neuron.manual_seed(0)
+    saved = torch.load(tmp_path / "rng.pt")
+    torch.neuron.set_rng_state_all(saved["neuron"])
+    torch.testing.assert_close(torch.rand(40, device="neuron").cpu(), expected, rtol=0, atol=0)
+    torch.testing.assert_close(saved["generator"], saved["neuron"][0], rtol=0, atol=0)
+
+
+def test_graphsafe_state_is_the_generators_state():
+    g = torch.Generator(device="neuron").manual_seed(5)
+    torch.rand(8, device="neuron", generator=g)
+    snapshot = g.graphsafe_get_state()
+    expected = torch.rand(8, device="neuron", generator=g).cpu()
+    g.graphsafe_set_state(snapshot)
+    torch.testing.assert_close(torch.rand(8, device="neuron", generator=g).cpu(), expected, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="neuron generator"):
+        g.graphsafe_set_state(torch.Generator())
+
+
+def test_compiled_random_ops_draw_from_the_device_generator():
+    import torch._inductor.config as inductor_config
+
+    def f(x):
+        return F.dropout(x, 0.5) * 2 + torch.rand_like(x)
+
+    x = torch.ones(64, device="neuron")
+    torch._dynamo.reset()
+    compiled = torch.compile(f)
+    torch.manual_seed(0)
+    a = compiled(x).cpu()
+    moved = torch.neuron.get_rng_state()
+    torch.manual_seed(0)
+    torch.testing.assert_close(compiled(x).cpu(), a, rtol=0, atol=0)       # a seeded program repeats
+    assert offset_of(torch.neuron.default_generators[0]) > 0 and torch.equal(moved, torch.neuron.get_rng_state())
+    torch.manual_seed(0)
+    eager = f(x).cpu()
+    torch._dynamo.reset()
+    with inductor_config.patch(fallback_random=True):  # as on CUDA: compiled draws equal eager's
+        torch.manual_seed(0)
+        torch.testing.assert_close(torch.compile(f)(x).cpu(), eager, rtol=0, atol=0)
+    torch._dynamo.reset()

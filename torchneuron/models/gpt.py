@@ -136,8 +136,14 @@ class GPT(nn.Module):
         # With tied weights the head reuses ``wte.weight`` in forward(), so there is a
         # single parameter and the tie survives any device move.
         self.lm_head = None if config.tie_weights else nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Draw every parameter anew: what the constructor does, and what a model built on the meta
+        device runs after ``to_empty(device=...)`` (and ``fully_shard``)."""
         self.apply(self._init_weights)
-        scaled_std = 0.02 / math.sqrt(2 * config.n_layer)
+        scaled_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=scaled_std)
@@ -153,6 +159,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            module.reset_parameters()
 
     def num_parameters(self) -> int:
         """Return the number of trainable parameters."""

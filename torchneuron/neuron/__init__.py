@@ -30,6 +30,7 @@ from .memory import (
     reset_peak_memory_stats,
 )
 from .random import (
+    _get_generator,
     default_generators,
     get_rng_state,
     get_rng_state_all,

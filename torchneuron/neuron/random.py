@@ -1,4 +1,11 @@
-"""Random number generators of neuron devices, one per device."""
+"""Random number generators of neuron devices, one per device.
+
+Each is a seed and an offset into a Philox 4x32-10 stream, like CUDA's, and its
+state is CUDA's 16 bytes: the seed (uint64), then the offset (uint64). A random
+op draws element i from offset + i and moves the offset on by its element count
+rounded up to 4, so code that moves the offset itself (DTensor's random-op
+tracker) gives each shard its own part of the stream.
+"""
 
 from typing import Any, Iterable
 
@@ -20,6 +27,11 @@ default_generators: tuple[torch.Generator, ...] = tuple(
 
 def _generator(device: Any = None) -> torch.Generator:
     return default_generators[_get_device_index(device)]
+
+
+def _get_generator(device: torch.device) -> torch.Generator:
+    """Return the default generator of a neuron device (the current one when it has no index)."""
+    return _generator(device)
 
 
 def get_rng_state(device: Any = "neuron") -> torch.Tensor:
