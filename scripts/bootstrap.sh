@@ -16,7 +16,8 @@ VPY=.venv/bin/python
 # torch (with numpy) must be importable while the C++ core builds, hence no build isolation
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
 # and test tools.
-PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest)
+PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
+          "transformers==5.24.0" "accelerate==1.15.0")
 packages_stamp=.venv/.torchneuron-packages
 build_stamp=.venv/.torchneuron-build
 
