@@ -228,6 +228,24 @@ def test_nccl_backend_name(compat):
     assert cuda_compat._map_backend("gloo") == "gloo"
 
 
+def test_init_process_group_with_a_cuda_device_id(run_python):
+    # Written for CUDA: nccl and device_id=torch.device("cuda", local_rank); runs on neuron:0.
+    code = """
+import os, socket, torch, torch.distributed as dist
+import torchneuron.transfer_to_neuron
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+x = torch.ones(3, device="cuda")
+dist.all_reduce(x)
+print(dist.get_backend(), x.device, x.sum().item())
+dist.destroy_process_group()
+"""
+    proc = run_python(code, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-3:] == ["neuron", "neuron:0", "3.0"], proc.stdout
+
+
 def test_host_rng_draws_what_the_cpu_draws():
     def draws(device):
         torch.manual_seed(11)

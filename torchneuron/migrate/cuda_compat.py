@@ -17,7 +17,7 @@ What the layer does:
 - ``torch.cuda.*`` (devices, memory, random, streams, events, ``nvtx``) answers
   for neuron; ``torch.cuda.amp`` autocasts and scales on neuron (float16 by
   default, as on CUDA).
-- ``init_process_group("nccl")`` uses the ``neuron`` c10d backend when one is
+- ``init_process_group("nccl")`` (and ``device_id=torch.device("cuda", N)``) uses the ``neuron`` c10d backend when one is
   registered, else ``gloo``.
 
 Inside PyTorch itself (and torchneuron) ``torch.cuda.*`` and ``Tensor.is_cuda``
@@ -430,6 +430,24 @@ def _map_backend(backend: Any) -> Any:
     return ",".join(f"{d}:{b}" for d, b in pairs.items())
 
 
+def _make_process_group_init(orig: Callable) -> Callable:
+    """``init_process_group`` with 'nccl' mapped as below and a CUDA ``device_id`` as the target's device."""
+    call = _make_backend_taker(orig, 0)
+    device_position = 8  # init_process_group(backend, init_method, timeout, world_size, rank, store,
+    #                                         group_name, pg_options, device_id)
+
+    @functools.wraps(orig)
+    def init(*args, **kwargs):
+        if "device_id" in kwargs:
+            kwargs["device_id"] = _map_if_cuda(kwargs["device_id"], "init_process_group(device_id=cuda)")
+        elif len(args) > device_position:
+            args = args[:device_position] + (_map_if_cuda(args[device_position], "init_process_group(device_id=cuda)"),) \
+                + args[device_position + 1:]
+        return call(*args, **kwargs)
+
+    return init
+
+
 def _make_backend_taker(orig: Callable, position: int) -> Callable:
     @functools.wraps(orig)
     def call(*args, **kwargs):
@@ -712,8 +730,9 @@ def _patch_table() -> list[tuple[Any, str, str, Callable[[Any], Any]]]:
     ]
     if dist.is_available():
         table += [
-            (dist, "init_process_group", "backend 'nccl' means 'neuron' if registered, else 'gloo'",
-             lambda orig: _make_backend_taker(orig, 0)),
+            (dist, "init_process_group",
+             "backend 'nccl' means 'neuron' if registered, else 'gloo'; device_id=torch.device('cuda', N) "
+             "means the neuron (or CPU) device", _make_process_group_init),
             (dist, "new_group", "backend 'nccl' means 'neuron' if registered, else 'gloo'",
              lambda orig: _make_backend_taker(orig, 2)),
         ]
