@@ -153,7 +153,8 @@ template <typename Body>
 void forChunks(const PhiloxDraw& draw, int64_t numel, bool wide, const Body& body) {
   const int64_t chunks = (numel + kChunk - 1) / kChunk;
   at::parallel_for(0, chunks, kSerialChunks, [&](int64_t first, int64_t last) {
-    Words lo(kChunk), hi(wide ? kChunk : 0);
+    const int64_t capacity = std::min(kChunk, numel);
+    Words lo(capacity), hi(wide ? capacity : 0);
     for (int64_t c = first; c < last; ++c) {
       const int64_t begin = c * kChunk, n = std::min(kChunk, numel - begin);
       body(begin, n, lo.fill(draw, 0, begin, n), wide ? hi.fill(draw, 1, begin, n) : nullptr);
@@ -256,8 +257,8 @@ void standardNormal(float* data, int64_t numel, const PhiloxDraw& draw) {
       normalScalar(w0, data + begin, blocks);
     }
     if (blocks * 16 < n) {  // the tensor's last, partial block
-      Words hi(kChunk);
       const int64_t tail = blocks * 16;
+      Words hi(n - tail);
       const uint32_t* w1 = hi.fill(draw, 1, begin + tail, n - tail);
       for (int64_t k = tail; k < n; ++k) {
         const float r = std::sqrt(-2.f * std::log(1.f - uniformFloat(w0[k])));
@@ -282,8 +283,8 @@ void standardNormal(double* data, int64_t numel, const PhiloxDraw& draw) {
       }
     }
     if (blocks * 16 < n) {
-      Words w2(kChunk), w3(kChunk);
       const int64_t tail = blocks * 16;
+      Words w2(n - tail), w3(n - tail);
       const uint32_t* v0 = w2.fill(draw, 2, begin + tail, n - tail);
       const uint32_t* v1 = w3.fill(draw, 3, begin + tail, n - tail);
       for (int64_t k = tail; k < n; ++k) {
@@ -331,14 +332,6 @@ at::Tensor& normalLike(at::Tensor& self, const std::optional<at::Generator>& gen
 
 // ---- the ops -----------------------------------------------------------------
 
-// PyTorch's argument checks of an op, run on a meta tensor like self (its meta kernel checks and
-// draws nothing).
-template <typename Op>
-void checkOnMeta(const at::Tensor& self, const Op& op) {
-  auto meta = at::empty(self.sizes(), self.options().device(c10::kMeta));
-  op(meta);
-}
-
 at::Tensor& uniform(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
   if (self.is_complex()) {
     auto real = at::view_as_real(self);
@@ -365,7 +358,7 @@ at::Tensor& normal(at::Tensor& self, double mean, double std, std::optional<at::
     normal(real, mean, std / std::sqrt(2.), gen);
     return self;
   }
-  checkOnMeta(self, [&](at::Tensor& m) { m.normal_(mean, std); });
+  TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
   if (mean == 0 && std == 1) return normalLike(self, gen, "normal_", Identity{});
   return normalLike(self, gen, "normal_", [mean, std](auto z) { return static_cast<decltype(z)>(z * std + mean); });
 }
@@ -474,7 +467,7 @@ uint64_t randomMax(at::ScalarType dtype) {
   return top;
 }
 
-// PyTorch's bounds for random_'s from and to - 1 (the meta kernels do not check them).
+// PyTorch's bounds for random_'s from and to - 1.
 void checkInRange(int64_t from, int64_t to_inclusive, at::ScalarType dtype) {
   const auto check = [&](double low, double high) {
     TORCH_CHECK(from >= low && from <= high, "from is out of bounds for ", dtype);
@@ -487,18 +480,16 @@ void checkInRange(int64_t from, int64_t to_inclusive, at::ScalarType dtype) {
 }
 
 at::Tensor& random(at::Tensor& self, std::optional<at::Generator> gen) {
-  checkOnMeta(self, [&](at::Tensor& m) { m.random_(); });
   return randomRange(self, 0, randomMax(self.scalar_type()) + 1, gen);
 }
 
 at::Tensor& randomTo(at::Tensor& self, int64_t to, std::optional<at::Generator> gen) {
-  checkOnMeta(self, [&](at::Tensor& m) { m.random_(to); });
+  TORCH_CHECK(0 < to, "random_ expects 'from' to be less than 'to', but got from=0 >= to=", to);
   checkInRange(0, to - 1, self.scalar_type());
   return randomRange(self, 0, static_cast<uint64_t>(to), gen);
 }
 
 at::Tensor& randomFrom(at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
-  checkOnMeta(self, [&](at::Tensor& m) { m.random_(from, to); });
   if (to.has_value()) {
     TORCH_CHECK(from < *to, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", *to);
     checkInRange(from, *to - 1, self.scalar_type());
@@ -520,7 +511,7 @@ at::Tensor& randperm(int64_t n, std::optional<at::Generator> gen, at::Tensor& ou
   auto perm = at::arange(n, at::TensorOptions().dtype(at::kLong));
   auto* r = perm.data_ptr<int64_t>();
   const bool wide = static_cast<uint64_t>(n) > (uint64_t{1} << 32);  // else 32-bit draws
-  Words lo(kChunk), hi(wide ? kChunk : 0);
+  Words lo(std::min(kChunk, n)), hi(wide ? kChunk : 0);
   for (int64_t begin = 0; begin < n - 1; begin += kChunk) {
     const int64_t len = std::min(kChunk, n - 1 - begin);
     const uint32_t* w0 = lo.fill(draw, 0, begin, len);
