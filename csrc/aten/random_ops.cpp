@@ -387,6 +387,8 @@ at::Tensor& fromUniform(at::Tensor& self, const std::optional<at::Generator>& ge
 }
 
 at::Tensor& exponential(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "Exponential distribution is a continuous probability "
+              "distribution. dtype must be a floating point but you specified ", self.scalar_type());
   TORCH_CHECK(lambd > 0 && !std::isinf(lambd) && !std::isnan(lambd),
               "exponential_ expects lambda > 0.0, but found lambda=", lambd);
   return fromUniform(self, gen, "exponential_", false, [lambd](double u) { return -std::log1p(-u) / lambd; });
@@ -400,6 +402,8 @@ at::Tensor& geometric(at::Tensor& self, double p, std::optional<at::Generator> g
 }
 
 at::Tensor& cauchy(at::Tensor& self, double median, double sigma, std::optional<at::Generator> gen) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "Cauchy distribution is a continuous probability "
+              "distribution. dtype must be a floating point but you specified ", self.scalar_type());
   return fromUniform(self, gen, "cauchy_", false,
                      [median, sigma](double u) { return median + sigma * std::tan(M_PI * (u - 0.5)); });
 }
