@@ -112,17 +112,28 @@ class _Runs:
                 proc.communicate()
 
 
+# torchneuron's import may happen inside Lightning's (torch's autoload does that): here it happens while
+# pytorch_lightning is being imported; lightning.pytorch is imported afterwards.
 LATER_IMPORT = """
-import sys, torch
-import torchneuron.integrations.lightning as tl
-assert 'lightning' not in sys.modules and 'pytorch_lightning' not in sys.modules
-import lightning
-assert tl.is_registered('lightning.pytorch') and not tl.is_registered('pytorch_lightning')
+import sys
+class ImportTorchneuronInside:
+    def find_spec(self, name, path, target=None):
+        if name == 'lightning_fabric':
+            sys.meta_path.remove(self)
+            assert 'pytorch_lightning' in sys.modules
+            import torchneuron.integrations.lightning
+        return None
+sys.meta_path.insert(0, ImportTorchneuronInside())
 import pytorch_lightning as pl
+import torchneuron.integrations.lightning as tl
+assert tl.is_registered('pytorch_lightning') and not tl.is_registered('lightning.pytorch')
+assert 'lightning.pytorch' not in sys.modules
+import lightning
+assert tl.is_registered('lightning.pytorch')
 t = pl.Trainer(accelerator='neuron', devices=1, logger=False)
 assert type(t.accelerator).__module__ == 'torchneuron.integrations.lightning'
 assert isinstance(t.accelerator, pl.accelerators.Accelerator), type(t.accelerator).__mro__
-print(t.strategy.root_device)
+print(t.strategy.root_device, lightning.Trainer(accelerator='neuron', devices=[1], logger=False).strategy.root_device)
 """
 
 
@@ -220,7 +231,7 @@ def test_unregister_puts_lightning_back():
 
 def test_registered_when_lightning_is_imported_later(runs):
     stdout, _ = runs.result("later_import")
-    assert stdout.strip().splitlines()[-1] == "neuron:0"
+    assert stdout.strip().splitlines()[-1] == "neuron:0 neuron:1"
 
 
 # ================================ two devices: DDP =====================================================

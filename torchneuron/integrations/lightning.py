@@ -412,10 +412,26 @@ class _LoaderThenRegister(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+# What register() needs of a namespace; a namespace whose import was under way when this module
+# was imported (torchneuron imported from inside Lightning's own imports) is registered once these are.
+_NEEDED = ("accelerators", "plugins", "strategies.ddp", _CONNECTOR)
+
+
+def _loaded(name: str) -> bool:
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
 class _RegisterOnImport(importlib.abc.MetaPathFinder):
     """On ``sys.meta_path``: when a Lightning namespace is imported, registers neuron with it."""
 
+    def __init__(self) -> None:
+        self.pending: set[str] = set()  # namespaces whose import was under way when the finder came
+        self._busy = False
+
     def find_spec(self, fullname, path, target=None):
+        if self.pending and not self._busy:
+            self._register_pending()
         if fullname not in NAMESPACES:
             return None
         for finder in sys.meta_path:
@@ -428,6 +444,18 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
                 return spec
         return None
 
+    def _register_pending(self) -> None:
+        for ns in sorted(self.pending):
+            if all(_loaded(f"{ns}.{name}") for name in _NEEDED):
+                self.pending.discard(ns)
+                self._busy = True
+                try:
+                    register(ns)
+                except Exception:
+                    log.exception("torchneuron could not register the neuron accelerator with %s", ns)
+                finally:
+                    self._busy = False
+
 
 _finder = _RegisterOnImport()
 
@@ -435,10 +463,10 @@ _finder = _RegisterOnImport()
 def _register_now_or_on_import() -> None:
     """Register with the Lightning namespaces already imported; the others when they are."""
     for ns in NAMESPACES:
-        module = sys.modules.get(ns)
-        # A namespace still being imported (this module imported from inside it) is left to the finder.
-        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if _loaded(ns):
             register(ns)
+        elif ns in sys.modules:  # its import is under way: registered once what register() needs is loaded
+            _finder.pending.add(ns)
     if _finder not in sys.meta_path and not all(ns in _registered for ns in NAMESPACES):
         sys.meta_path.insert(0, _finder)
 
