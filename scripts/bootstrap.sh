@@ -17,7 +17,7 @@ VPY=.venv/bin/python
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
 # and test tools.
 PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
-          "transformers==5.24.0" "accelerate==1.15.0")
+          "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6")
 packages_stamp=.venv/.torchneuron-packages
 build_stamp=.venv/.torchneuron-build
 

@@ -77,3 +77,4 @@ from . import compile as _compile  # noqa: E402,F401  (TORCHNEURON_CACHE_DIR, TO
 from . import distributed  # noqa: E402,F401  (registers the "neuron" torch.distributed backend)
 
 from .migrate import _env  # noqa: E402,F401  (TORCHNEURON_TRANSFER_CUDA=1: the CUDA compatibility layer)
+from .integrations import lightning as _lightning  # noqa: E402,F401  (registers "neuron" with Lightning when it is imported; imports no Lightning)
