@@ -1,0 +1,22 @@
+"""Project a program's step time and cost on Trainium and GPU instances from its counted work.
+
+    with torchneuron.projection.count(fake=True) as p:
+        ... one or more training steps ...
+        p.step(tokens=batch * seq)
+    print(p.project(["trn2.48xlarge"], compare=["p5.48xlarge"]).format())
+
+``counting`` records the work of each kernel, ``model`` turns it into time on a target described
+in ``hardware.json`` (every number with its source), ``report`` assembles the projection,
+``models`` builds Llama-style models from a config for counting without allocating.
+Every output is a projection, not a measurement.
+"""
+
+from torchneuron.projection.counting import CountingMode, OpRecord, StepCounts, fake_mode, summarize
+from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, load_hardware, step_time, targets
+from torchneuron.projection.report import LABEL, Projection, Report, count, mark_step, run_script
+
+__all__ = [
+    "CountingMode", "OpRecord", "StepCounts", "fake_mode", "summarize", "ModelHints", "Parallelism", "Target",
+    "get_target", "load_hardware", "step_time", "targets", "LABEL", "Projection", "Report", "count", "mark_step",
+    "run_script",
+]

@@ -1,0 +1,444 @@
+"""Counting the work of a program: one record per kernel, grouped by step.
+
+:class:`CountingMode` is a ``TorchDispatchMode``: every ATen op that reaches the
+dispatcher while it is active is recorded with its class (matmul, elementwise,
+transcendental, reduction, gather/scatter, sort, copy, collective), its FLOPs, the
+bytes it reads and writes (from tensor metadata alone, so fake and meta tensors
+count like real ones), and its dtype. Matmul, convolution and attention FLOPs
+come from PyTorch's own formulas (``torch.utils.flop_counter.flop_registry``).
+
+Counting never needs the values: under :func:`fake_mode` the program runs on
+PyTorch's fake tensors, nothing is computed or allocated, and a model far larger
+than this machine can be counted at its real batch and sequence length. What fake
+mode cannot do is follow data-dependent shapes (``nonzero``, ``masked_select``,
+``unique``, boolean indexing): those ops raise, and the run stops there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+logger = logging.getLogger("torchneuron")
+
+aten = torch.ops.aten
+
+_SWEEP_EVERY = 8  # ops between sweeps of released storage; the peak may overstate by that many ops' outputs
+
+# Op classes, each the engine family that would run it (see model.py).
+MATMUL = "matmul"
+ELEMENTWISE = "elementwise"
+TRANSCENDENTAL = "transcendental"
+REDUCTION = "reduction"
+GATHER_SCATTER = "gather_scatter"
+SORT = "sort"
+COPY = "copy"
+COLLECTIVE = "collective"
+CLASSES = (MATMUL, ELEMENTWISE, TRANSCENDENTAL, REDUCTION, GATHER_SCATTER, SORT, COPY, COLLECTIVE)
+
+# Ops whose per-element cost is a transcendental function (exp, log, sin, erf...),
+# run by an activation/scalar engine rather than an ALU; FLOPs = numel of output.
+_TRANSCENDENTAL = {
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "tanh", "sigmoid",
+    "erf", "erfc", "erfinv", "rsqrt", "sqrt", "pow", "gelu", "silu", "mish", "softplus", "elu",
+    "selu", "celu", "logit", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "lgamma", "digamma", "reciprocal", "gelu_backward", "silu_backward", "tanh_backward",
+    "sigmoid_backward", "_softmax", "_safe_softmax", "_log_softmax", "_softmax_backward_data",
+    "_log_softmax_backward_data", "softplus_backward", "elu_backward", "mish_backward",
+}
+# Ops that reduce over one or more dimensions; FLOPs = numel of the input.
+_REDUCTION = {
+    "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean",
+    "norm", "linalg_vector_norm", "logsumexp", "cumsum", "cumprod", "argmax", "argmin", "all", "any",
+    "native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
+    "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training", "native_group_norm", "native_group_norm_backward",
+    "_fused_rms_norm", "_fused_rms_norm_backward", "nll_loss_forward", "nll_loss_backward",
+    "nll_loss2d_forward", "nll_loss2d_backward", "max_pool2d_with_indices", "avg_pool2d",
+    "max_pool2d_with_indices_backward", "avg_pool2d_backward", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward", "adaptive_max_pool2d", "count_nonzero", "_foreach_norm",
+}
+# Indexed reads and writes: FLOPs 0, cost is memory traffic on a DMA/GPSIMD path.
+_GATHER_SCATTER = {
+    "embedding", "embedding_dense_backward", "index_select", "index", "index_put", "index_put_",
+    "_index_put_impl_", "index_add", "index_add_", "gather", "scatter", "scatter_", "scatter_add",
+    "scatter_add_", "scatter_reduce", "scatter_reduce_", "take", "put_", "masked_select",
+    "masked_scatter", "masked_scatter_", "_unsafe_index", "_unsafe_index_put", "index_copy",
+    "index_copy_", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only",
+}
+# Sorting and selection: FLOPs n·log2(n) compares per sorted row.
+_SORT = {"sort", "argsort", "topk", "kthvalue", "median", "nanmedian", "msort", "unique", "_unique2",
+         "unique_consecutive", "unique_dim"}
+# Data movement without arithmetic.
+_COPY = {"copy_", "_to_copy", "clone", "contiguous", "cat", "stack", "_copy_from", "constant_pad_nd",
+         "fill_", "zero_", "zeros_like", "ones_like", "full_like", "empty_like", "repeat", "flip", "roll",
+         "tril", "triu", "where", "masked_fill", "masked_fill_", "split_with_sizes_copy", "new_zeros",
+         "new_ones", "new_full", "_foreach_copy_", "_foreach_zero_", "lift_fresh_copy", "slice_scatter",
+         "select_scatter", "diagonal_scatter", "as_strided_scatter", "native_dropout"}
+# Ops that create memory (factories) or only change metadata: no kernel time, no traffic read.
+_FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "alias",
+         "lift_fresh", "_local_scalar_dense", "set_", "resize_", "is_same_size", "_unsafe_view",
+         "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_has_compatible_shallow_copy_type",
+         "record_stream", "_assert_async", "_assert_tensor_metadata", "_functional_sym_constrain_range"}
+# Factories that write their output (randn, zeros...) count as elementwise writes.
+_COLLECTIVE_NAMES = {
+    "allreduce_": "all_reduce", "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather", "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "broadcast_": "broadcast", "broadcast": "broadcast", "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all", "send": "send", "recv_": "recv",
+    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "allreduce_coalesced_": "all_reduce",
+}
+
+# FLOP formulas PyTorch does not list, written in terms of the ones it does.
+_EXTRA_FLOPS = {}
+for _name in ("_scaled_dot_product_flash_attention_for_cpu",):
+    _packet = getattr(aten, _name, None)
+    if _packet is not None:
+        _EXTRA_FLOPS[_packet] = _name
+
+
+@dataclass
+class OpRecord:
+    """The work of one kernel (or of several identical calls, with ``count``).
+
+    Args:
+        name: ATen op name, e.g. ``aten.mm.default``.
+        cls: one of :data:`CLASSES`.
+        flops: floating-point operations (a multiply-add counts 2).
+        bytes_read: bytes of every tensor argument.
+        bytes_written: bytes of every tensor result.
+        dtype: dtype of the widest floating input (or of the output).
+        count: calls folded into this record.
+        collective: for collectives, ``all_reduce``, ``all_gather``...
+        group_size: for collectives, ranks in the process group (0 if unknown).
+        phase: ``"model"`` (forward and backward) or ``"optimizer"`` (inside ``Optimizer.step``).
+    """
+
+    name: str
+    cls: str
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    dtype: str
+    count: int = 1
+    collective: str = ""
+    group_size: int = 0
+    phase: str = "model"
+
+
+@dataclass
+class StepCounts:
+    """Everything one step did: its op records and what it processed."""
+
+    ops: List[OpRecord] = field(default_factory=list)
+    tokens: int = 0
+    samples: int = 0
+    start_bytes: int = 0
+    peak_bytes: int = 0
+
+    def total(self, attr: str = "flops", cls: Optional[str] = None) -> float:
+        """Sum ``attr`` (``flops``, ``bytes_read``, ``bytes_written``) over ops, optionally of one class."""
+        return sum(getattr(op, attr) for op in self.ops if cls is None or op.cls == cls)
+
+    def by_class(self) -> Dict[str, Dict[str, float]]:
+        """Totals per op class: calls, flops, bytes."""
+        out: Dict[str, Dict[str, float]] = {}
+        for op in self.ops:
+            row = out.setdefault(op.cls, {"calls": 0, "flops": 0.0, "bytes": 0})
+            row["calls"] += op.count
+            row["flops"] += op.flops
+            row["bytes"] += op.bytes_read + op.bytes_written
+        return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _tensors(tree: Any) -> List[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _classify(base: str, func: Any) -> str:
+    if func.overloadpacket in flop_registry or func.overloadpacket in _EXTRA_FLOPS:
+        return MATMUL
+    if base in _COLLECTIVE_NAMES and func.namespace in ("c10d", "_c10d_functional", "c10d_functional"):
+        return COLLECTIVE
+    stripped = base.rstrip("_")
+    for name in (base, stripped, stripped.replace("_foreach_", "")):
+        if name in _TRANSCENDENTAL:
+            return TRANSCENDENTAL
+        if name in _REDUCTION:
+            return REDUCTION
+        if name in _GATHER_SCATTER:
+            return GATHER_SCATTER
+        if name in _SORT:
+            return SORT
+    if base in _COPY or stripped in _COPY:
+        return COPY
+    return ELEMENTWISE
+
+
+def _is_free(func: Any, base: str) -> bool:
+    if base in _FREE:
+        return True
+    try:
+        return bool(func.is_view)
+    except AttributeError:
+        return False
+
+
+def _dtype_of(inputs: List[torch.Tensor], outputs: List[torch.Tensor]) -> torch.dtype:
+    for t in inputs + outputs:
+        if t.is_floating_point():
+            return t.dtype
+    for t in outputs + inputs:
+        return t.dtype
+    return torch.float32
+
+
+def _sdpa_cpu_flops(args: tuple, kwargs: dict) -> float:
+    q, k, v = args[:3]
+    *batch, lq, d = q.shape
+    lk = k.shape[-2]
+    dv = v.shape[-1]
+    b = 1
+    for x in batch:
+        b *= x
+    return 2.0 * b * lq * lk * d + 2.0 * b * lq * lk * dv
+
+
+class CountingMode(TorchDispatchMode):
+    """Record the work of every ATen op run while active, step by step.
+
+    Args:
+        group_size: ranks assumed for collectives whose process group cannot be read (default 1).
+
+    Example::
+
+        with CountingMode() as counter:
+            loss = model(x).sum(); loss.backward()
+            counter.mark_step(tokens=x.numel())
+        print(counter.steps[0].total("flops"))
+    """
+
+    def __init__(self, group_size: int = 1, auto_steps: bool = True) -> None:
+        super().__init__()
+        self.group_size = group_size
+        self.auto_steps = auto_steps
+        self.marked = False
+        self.params = 0
+        self.param_bytes = 0
+        self.steps: List[StepCounts] = [StepCounts()]
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.data_dependent_reads = 0
+        self.saw_fake = False
+        self._phase = "model"
+        self._hooks: List[Any] = []
+        self._live: List[Any] = []
+        self._ops_since_sweep = 0
+
+    def __enter__(self) -> "CountingMode":
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(optimizer: Any, *_: Any) -> None:
+            self._phase = "optimizer"
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            self.params = sum(p.numel() for p in params)
+            self.param_bytes = params[0].element_size() if params else 0
+
+        def post(*_: Any) -> None:
+            self._phase = "model"
+            if self.auto_steps and not self.marked:
+                self._close_step()
+
+        self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        return super().__exit__(*exc)
+
+    # -- steps ---------------------------------------------------------------------------------
+    @property
+    def current(self) -> StepCounts:
+        """The step being recorded."""
+        return self.steps[-1]
+
+    def mark_step(self, tokens: int = 0, samples: int = 0) -> None:
+        """Close the current step, crediting it with ``tokens`` and ``samples``; open the next.
+
+        Until the first call, each ``Optimizer.step`` closes a step by itself (``auto_steps``).
+        """
+        if not self.marked and self.auto_steps and not self.current.ops and len(self.steps) > 1:
+            # An optimizer step already closed this step: credit it instead of opening an empty one.
+            self.marked = True
+            self.steps.pop()
+        self.marked = True
+        self._close_step(tokens, samples)
+
+    def _close_step(self, tokens: int = 0, samples: int = 0) -> None:
+        self._sweep()
+        self.current.tokens += tokens
+        self.current.samples += samples
+        self.steps.append(StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes))
+
+    def discard(self) -> None:
+        """Forget the ops of the open step (model construction, warm-up) without closing it."""
+        self._sweep()
+        self.steps[-1] = StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes)
+
+    def completed_steps(self) -> List[StepCounts]:
+        """Steps closed by :meth:`mark_step`, or the open one if none was closed."""
+        done = self.steps[:-1]
+        if not done and self.steps[-1].ops:
+            return [self.steps[-1]]
+        return done
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _track(self, outputs: List[torch.Tensor]) -> None:
+        # Outputs of non-view, out-of-place ops own new storage. Its release is seen through a weak
+        # reference to the storage, swept every few ops (tensors themselves carry nothing).
+        for t in outputs:
+            try:
+                ref = StorageWeakRef(t.untyped_storage())
+            except Exception:  # tensors without a storage (sparse, nested) are not tracked
+                continue
+            size = _nbytes(t)
+            self._live.append((ref, size))
+            self.live_bytes += size
+        self._ops_since_sweep += 1
+        # A new peak is only believed after releases are swept (at most every few ops).
+        if self.live_bytes > self.current.peak_bytes and self._ops_since_sweep >= _SWEEP_EVERY:
+            self._sweep()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.current.peak_bytes = max(self.current.peak_bytes, self.live_bytes)
+
+    def _sweep(self) -> None:
+        self._ops_since_sweep = 0
+        alive = []
+        for ref, size in self._live:
+            if ref.expired():
+                self.live_bytes -= size
+            else:
+                alive.append((ref, size))
+        self._live = alive
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        base = func.overloadpacket.__name__
+        if base == "_local_scalar_dense" and _is_fake_or_meta(args[0]):
+            # A value read back to Python (loss.item()) has no value without data; fake mode reads 1.
+            self.data_dependent_reads += 1
+            return 1 if not args[0].is_floating_point() else 1.0
+        out = func(*args, **kwargs)
+        if func.namespace in ("profiler", "prim") or _is_free(func, base):
+            return out
+        inputs = _tensors((args, kwargs))
+        outputs = _tensors(out)
+        if not self.saw_fake and any(_is_fake_or_meta(t) for t in outputs or inputs):
+            self.saw_fake = True
+        if base.endswith("_") and not outputs:
+            # In-place: the first argument (the first list, for _foreach_ ops) is what is written.
+            outputs = _tensors(args[0]) if args else inputs[:1]
+        cls = _classify(base, func)
+        flops = 0.0
+        if cls == MATMUL:
+            if func.overloadpacket in flop_registry:
+                flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+            else:
+                flops = _sdpa_cpu_flops(args, kwargs)
+        elif cls in (ELEMENTWISE, TRANSCENDENTAL):
+            flops = float(sum(t.numel() for t in outputs)) if outputs else float(sum(t.numel() for t in inputs))
+        elif cls == REDUCTION:
+            flops = float(sum(t.numel() for t in inputs))
+        elif cls == SORT and inputs:
+            n = inputs[0].shape[-1] if inputs[0].dim() else 1
+            flops = float(inputs[0].numel()) * max(1.0, float(n).bit_length())
+        bytes_read = sum(_nbytes(t) for t in inputs)
+        if base.endswith("_"):
+            bytes_written = sum(_nbytes(t) for t in outputs)
+        else:
+            bytes_written = sum(_nbytes(t) for t in outputs if not any(t is i for i in inputs))
+        dtype = str(_dtype_of(inputs, outputs)).replace("torch.", "")
+        record = OpRecord(str(func), cls, flops, bytes_read, bytes_written, dtype, phase=self._phase)
+        if cls == COLLECTIVE:
+            record.collective = _COLLECTIVE_NAMES.get(base, base)
+            record.group_size = _group_size(args) or self.group_size
+            record.bytes_read = sum(_nbytes(t) for t in inputs)
+        self.current.ops.append(record)
+        self._track([t for t in outputs if not any(t is i for i in inputs)])
+        return out
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _is_fake_or_meta(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.device.type == "meta" or _is_fake(t))
+
+
+def _group_size(args: tuple) -> int:
+    for a in tree_flatten(args)[0]:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return int(a.size())
+            except Exception:
+                continue
+        if isinstance(a, int) and not isinstance(a, bool) and a > 1:
+            return a
+    return 0
+
+
+@contextlib.contextmanager
+def fake_mode() -> Iterator[Any]:
+    """Run a block on fake tensors: shapes, dtypes and devices only, nothing computed or allocated.
+
+    Tensors created inside are fake on whatever device the code asks for ("neuron" included);
+    real tensors created before may be passed in. Data-dependent shapes raise
+    ``torch._subclasses.fake_tensor.DynamicOutputShapeException``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        yield mode
+
+
+def summarize(steps: List[StepCounts]) -> Dict[str, Any]:
+    """Average work per step over ``steps``: totals, per class, per dtype."""
+    if not steps:
+        return {"steps": 0}
+    per_class: Dict[str, Dict[str, float]] = defaultdict(lambda: {"calls": 0, "flops": 0.0, "bytes": 0})
+    for s in steps:
+        for cls, row in s.by_class().items():
+            for k, v in row.items():
+                per_class[cls][k] += v / len(steps)
+    return {
+        "steps": len(steps),
+        "flops": sum(s.total("flops") for s in steps) / len(steps),
+        "bytes": sum(s.total("bytes_read") + s.total("bytes_written") for s in steps) / len(steps),
+        "ops": sum(len(s.ops) for s in steps) / len(steps),
+        "tokens": sum(s.tokens for s in steps) / len(steps),
+        "samples": sum(s.samples for s in steps) / len(steps),
+        "peak_bytes": max(s.peak_bytes for s in steps),
+        "activation_bytes": max(s.peak_bytes - s.start_bytes for s in steps),
+        "by_class": dict(per_class),
+    }

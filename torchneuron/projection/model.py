@@ -1,0 +1,384 @@
+"""Hardware targets and the time model: how long counted work would take on a device.
+
+Per kernel: ``time = max(FLOPs / rate(engine, dtype), bytes / HBM bandwidth) + fixed cost``.
+Rates are the published peaks of :file:`hardware.json` scaled by one efficiency per chip
+generation (never per model). The engine follows the op class: matmul and convolution on the
+tensor engine, elementwise and reductions on the vector engine, transcendentals on the scalar
+(activation) engine, gather/scatter and copies as DMA (memory only), sort on the GPSIMD cores.
+Eager execution pays a launch cost per op; compiled execution fuses each run of consecutive
+non-matmul ops into one kernel (reads of its first op, writes of its last) and pays a smaller
+cost per kernel. Collectives are rings: all-reduce moves ``2(n-1)/n·bytes`` over the link
+bandwidth and pays a latency per hop; all-gather and reduce-scatter half that.
+
+Parallelism applies to the counted single-device step: tensor (Megatron) and pipeline parallel
+split the model's kernels across ``tp·pp`` devices (launches split by ``pp`` only), data
+parallel multiplies throughput by ``dp``, ZeRO-1 shards optimizer work and state over ``dp``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from torchneuron.projection import counting as C
+
+logger = logging.getLogger("torchneuron")
+
+HARDWARE_PATH = Path(__file__).with_name("hardware.json")
+
+
+@functools.lru_cache(maxsize=None)
+def load_hardware(path: Optional[str] = None) -> Dict[str, Any]:
+    """Read the hardware data file (default: :data:`HARDWARE_PATH`)."""
+    with open(path or HARDWARE_PATH) as f:
+        return json.load(f)
+
+
+def _val(entry: Any) -> Any:
+    return entry[0] if isinstance(entry, list) else entry
+
+
+def _dtype_key(dtype: str) -> str:
+    if dtype in ("bfloat16", "float16", "float32"):
+        return dtype
+    if dtype.startswith("float8"):
+        return "float8"
+    if dtype in ("float64",):
+        return "float32"
+    return "bfloat16" if dtype in ("int8", "uint8") else "float32"
+
+
+@dataclass
+class Target:
+    """One instance type, its chip and the chip generation's parameters.
+
+    Args:
+        name: instance name, e.g. ``trn2.48xlarge``.
+    """
+
+    name: str
+    instance: Dict[str, Any] = field(repr=False)
+    chip_name: str = ""
+    chip: Dict[str, Any] = field(default_factory=dict, repr=False)
+    gen: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_neuron(self) -> bool:
+        return self.chip["generation"].startswith("trainium")
+
+    @property
+    def devices_per_chip(self) -> int:
+        return int(self.chip["devices_per_chip"])
+
+    @property
+    def devices_per_instance(self) -> int:
+        return int(_val(self.instance["chips"])) * self.devices_per_chip
+
+    def peak_flops(self, dtype: str) -> float:
+        """Published dense matmul peak per device for ``dtype``."""
+        return float(_val(self.chip["matmul_flops"][_dtype_key(dtype)])) / self.devices_per_chip
+
+    def rate(self, engine: str, dtype: str) -> float:
+        """Sustained FLOP/s of ``engine`` on one device (peak times the generation's efficiency)."""
+        if engine == "tensor":
+            return self.peak_flops(dtype) * float(_val(self.gen["matmul_efficiency"]))
+        if self.is_neuron:
+            cores = int(self.chip["cores_per_chip"]) / self.devices_per_chip
+            clock = float(_val(self.chip["clock_hz"]))
+            if engine == "scalar":
+                return float(_val(self.chip["scalar_flops_per_cycle_per_core"])) * clock * cores
+            per_cycle = float(_val(self.chip["vector_flops_per_cycle_per_core"]))
+            return per_cycle * clock * cores / (4.0 if engine == "gpsimd" else 1.0)
+        return float(_val(self.chip["vector_flops"])) / (4.0 if engine == "gpsimd" else 1.0)
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Device memory per device."""
+        return float(_val(self.chip["hbm_bytes"])) / self.devices_per_chip
+
+    @property
+    def hbm_bandwidth(self) -> float:
+        """Sustained HBM bytes/s per device."""
+        return float(_val(self.chip["hbm_bytes_per_s"])) / self.devices_per_chip * float(_val(self.gen["memory_efficiency"]))
+
+    @property
+    def link_bandwidth(self) -> float:
+        """Sustained chip-to-chip bytes/s per device inside an instance."""
+        return float(_val(self.chip["chip_link_bytes_per_s"])) / self.devices_per_chip * float(_val(self.gen["comm_efficiency"]))
+
+    @property
+    def network_bandwidth(self) -> float:
+        """Sustained bytes/s per device across instances (EFA shared by the instance's devices)."""
+        net = _val(self.instance["network_bytes_per_s"])
+        if not net:
+            return self.link_bandwidth
+        return float(net) / self.devices_per_instance * float(_val(self.gen["comm_efficiency"]))
+
+    @property
+    def price_per_hour(self) -> Optional[float]:
+        price = _val(self.instance["price_per_hour"])
+        return None if price is None else float(price)
+
+    def sources(self) -> List[Dict[str, Any]]:
+        """Every number this target uses, with its source and whether it was read from a primary copy."""
+        hw = load_hardware()
+        rows = []
+
+        def add(prefix: str, d: Dict[str, Any]) -> None:
+            for key, entry in d.items():
+                if isinstance(entry, dict):
+                    add(f"{prefix}{key}.", entry)
+                elif isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str):
+                    src = hw["sources"].get(entry[1], {})
+                    rows.append({"quantity": prefix + key, "value": entry[0], "source": src.get("title", entry[1]),
+                                 "url": src.get("url", ""), "verified": bool(src.get("verified", False))})
+
+        add(f"{self.name}.", self.instance)
+        add(f"{self.chip_name}.", self.chip)
+        add(f"{self.chip['generation']}.", self.gen)
+        return rows
+
+
+def targets() -> List[str]:
+    """Names of every instance in the hardware file."""
+    return sorted(load_hardware()["instances"])
+
+
+def get_target(name: str) -> Target:
+    """The :class:`Target` for an instance name.
+
+    Raises:
+        ValueError: the name is not in :file:`hardware.json`.
+    """
+    hw = load_hardware()
+    if name not in hw["instances"]:
+        raise ValueError(f"unknown target {name!r}; known targets: {', '.join(targets())}")
+    inst = hw["instances"][name]
+    chip = hw["chips"][inst["chip"]]
+    return Target(name, inst, inst["chip"], chip, hw["generations"][chip["generation"]])
+
+
+@dataclass
+class Parallelism:
+    """How the counted single-device step is spread.
+
+    Args:
+        dp: data-parallel replicas.
+        tp: tensor-parallel (Megatron) degree.
+        pp: pipeline stages.
+        microbatches: forward/backward passes per optimizer step (gradient accumulation; the
+            pipeline's microbatches).
+        zero1: shard optimizer state and update over ``dp`` (ZeRO-1).
+        nodes: instances; by default the fewest that hold ``dp·tp·pp`` devices.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    zero1: bool = True
+    nodes: Optional[int] = None
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass
+class ModelHints:
+    """What the time model needs to know about the model beyond its kernels.
+
+    Args:
+        params: parameter count (for gradient all-reduce, ZeRO-1 and memory).
+        param_bytes: bytes per parameter as stored for compute (2 for bf16).
+        layers: transformer layers (for tensor- and pipeline-parallel traffic).
+        hidden: hidden size (activation size per token).
+        act_bytes: bytes per activation element.
+        master_bytes: optimizer bytes per parameter beyond the weights (fp32 master copy and two
+            Adam moments: 12); 0 for inference.
+    """
+
+    params: int = 0
+    param_bytes: int = 2
+    layers: int = 0
+    hidden: int = 0
+    act_bytes: int = 2
+    master_bytes: int = 12
+
+
+ENGINE_OF = {
+    C.MATMUL: "tensor", C.ELEMENTWISE: "vector", C.REDUCTION: "vector", C.TRANSCENDENTAL: "scalar",
+    C.GATHER_SCATTER: "dma", C.COPY: "dma", C.SORT: "gpsimd",
+}
+
+
+def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
+    """Group op records into kernels: one per op in eager mode, fused runs in compiled mode."""
+    kernels: List[Dict[str, Any]] = []
+    run: List[C.OpRecord] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        by_engine: Dict[str, float] = {}
+        for op in run:
+            by_engine[(ENGINE_OF[op.cls], op.dtype)] = by_engine.get((ENGINE_OF[op.cls], op.dtype), 0.0) + op.flops
+        kernels.append({"flops": by_engine, "bytes": run[0].bytes_read + run[-1].bytes_written,
+                        "calls": 1, "phase": run[0].phase})
+        run.clear()
+
+    for op in ops:
+        if op.cls == C.COLLECTIVE:
+            continue
+        if mode == "eager" or op.cls == C.MATMUL:
+            flush()
+            kernels.append({"flops": {(ENGINE_OF[op.cls], op.dtype): op.flops},
+                            "bytes": op.bytes_read + op.bytes_written, "calls": op.count, "phase": op.phase})
+        else:
+            if run and run[-1].phase != op.phase:
+                flush()
+            run.append(op)
+    flush()
+    return kernels
+
+
+def collective_time(kind: str, nbytes: float, group: int, target: Target, across_nodes: bool) -> float:
+    """Seconds for one ring collective of ``nbytes`` per rank over ``group`` ranks."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    bw = target.network_bandwidth if across_nodes else target.link_bandwidth
+    lat = float(_val(target.gen["network_latency_s" if across_nodes else "link_latency_s"]))
+    n = group
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n * nbytes / bw + (n - 1) * lat
+    return nbytes / bw + lat
+
+
+def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Parallelism] = None,
+              mode: str = "compiled", hints: Optional[ModelHints] = None) -> Dict[str, Any]:
+    """Project the time of one optimizer step per device, with its breakdown.
+
+    Args:
+        steps: counted steps (averaged); each is one microbatch's forward/backward plus, if
+            training, one optimizer step, on one device.
+        target: the instance to project on.
+        par: parallelism (default: one device).
+        mode: ``"eager"`` (launch per op) or ``"compiled"`` (fused kernels).
+        hints: model facts for parallel traffic and memory.
+
+    Returns:
+        A dict: ``step_s``, ``breakdown`` (seconds by component), ``memory`` (bytes per device,
+        capacity, fits), ``flops`` (per step, all devices), ``tokens``/``samples`` per step.
+    """
+    if mode not in ("eager", "compiled"):
+        raise ValueError(f"mode must be 'eager' or 'compiled', got {mode!r}")
+    par = par or Parallelism()
+    hints = hints or ModelHints()
+    nsteps = max(1, len(steps))
+    devices_per_node = target.devices_per_instance
+    nodes = par.nodes or max(1, math.ceil(par.devices / devices_per_node))
+    fixed_cost = float(_val(target.gen["launch_s" if mode == "eager" else "kernel_s"]))
+
+    breakdown: Dict[str, float] = {}
+
+    def add(key: str, seconds: float) -> None:
+        breakdown[key] = breakdown.get(key, 0.0) + seconds
+
+    model_split = par.tp * par.pp
+    m = par.microbatches
+    bubble = (par.pp - 1) / m if par.pp > 1 else 0.0
+    for step in steps:
+        for k in _kernels(step.ops, mode):
+            training_opt = k["phase"] == "optimizer"
+            split = model_split * (par.dp if (training_opt and par.zero1) else 1)
+            repeat = 1 if training_opt else m * (1 + bubble)
+            compute = {e: f / target.rate(e[0], e[1]) for e, f in k["flops"].items() if f and e[0] != "dma"}
+            compute_s = sum(compute.values())
+            memory_s = k["bytes"] / target.hbm_bandwidth
+            w = repeat / split / nsteps
+            if compute_s >= memory_s and compute:
+                for (engine, _), s in compute.items():
+                    add(f"compute:{engine}", s * w)
+            else:
+                add("memory-bound", memory_s * w)
+            add("launch overhead", fixed_cost * k["calls"] * repeat / par.pp / nsteps)
+        for op in step.ops:
+            if op.cls == C.COLLECTIVE:
+                group = op.group_size or 1
+                add("collectives:program", collective_time(op.collective, op.bytes_read, group, target,
+                                                           group > devices_per_node) * m / nsteps)
+
+    # Data-parallel gradient synchronisation (ZeRO-1: reduce-scatter + all-gather = one all-reduce).
+    if par.dp > 1:
+        if hints.params:
+            grad_bytes = hints.params * hints.param_bytes / model_split
+            across = par.devices > devices_per_node
+            add("collectives:dp", collective_time("all_reduce", grad_bytes, par.dp, target, across))
+        else:
+            logger.warning("projection: dp=%d without a parameter count; gradient all-reduce not modelled", par.dp)
+    tokens = sum(s.tokens for s in steps) / nsteps
+    samples = sum(s.samples for s in steps) / nsteps
+    # Tensor parallel: Megatron's 2 all-reduces per layer forward and 2 backward, of the activations.
+    training = any(op.phase == "optimizer" for s in steps for op in s.ops)
+    if par.tp > 1:
+        if hints.layers and hints.hidden and tokens:
+            act = tokens * hints.hidden * hints.act_bytes
+            per_layer = 4 if training else 2
+            across = par.tp > devices_per_node
+            t = collective_time("all_reduce", act, par.tp, target, across) * per_layer * hints.layers / par.pp
+            add("collectives:tp", t * m)
+        else:
+            logger.warning("projection: tp=%d without layers/hidden/tokens; tensor-parallel traffic not modelled", par.tp)
+    if par.pp > 1 and hints.hidden and tokens:
+        act = tokens * hints.hidden * hints.act_bytes / par.tp
+        across = par.devices > devices_per_node
+        add("collectives:pp", collective_time("send", act, 2, target, across) * (2 if training else 1) * m)
+
+    step_s = sum(breakdown.values())
+    # Memory per device.
+    act_bytes = max((s.peak_bytes - s.start_bytes) for s in steps) if steps else 0
+    if hints.params:
+        weights = hints.params * hints.param_bytes / model_split
+        grads = weights if training else 0.0
+        opt = hints.params * hints.master_bytes / model_split / (par.dp if par.zero1 else 1) if training else 0.0
+        activations = act_bytes / par.tp
+        memory = weights + grads + opt + activations
+    else:
+        memory = max(s.peak_bytes for s in steps) / model_split if steps else 0.0
+        weights = grads = opt = 0.0
+        activations = memory
+    flops = sum(s.total("flops") for s in steps) / nsteps
+    model_flops = sum(s.total("flops", C.MATMUL) for s in steps) / nsteps
+    train_flops = model_flops * m * par.dp  # optimizer matmuls are none; per global step
+    dtype = _main_dtype(steps)
+    return {
+        "step_s": step_s,
+        "breakdown": breakdown,
+        "mode": mode,
+        "nodes": nodes,
+        "devices": par.devices,
+        "flops_per_step": flops * m * par.dp,
+        "matmul_flops_per_step": train_flops,
+        "tokens_per_step": tokens * m * par.dp,
+        "samples_per_step": samples * m * par.dp,
+        "dtype": dtype,
+        "memory": {"per_device_bytes": memory, "capacity_bytes": target.hbm_bytes, "weights": weights,
+                   "gradients": grads, "optimizer": opt, "activations": activations,
+                   "fits": memory <= target.hbm_bytes},
+    }
+
+
+def _main_dtype(steps: Sequence[C.StepCounts]) -> str:
+    by: Dict[str, float] = {}
+    for s in steps:
+        for op in s.ops:
+            if op.cls == C.MATMUL:
+                by[op.dtype] = by.get(op.dtype, 0.0) + op.flops
+    return max(by, key=by.get) if by else "float32"

@@ -1,0 +1,185 @@
+"""Llama-style decoder built from a config, for projecting models larger than this machine.
+
+Self-contained (no Hugging Face): RMSNorm, rotary embeddings, grouped-query attention through
+``F.scaled_dot_product_attention``, SwiGLU feed-forward, untied output head. Build it under
+:func:`torchneuron.projection.counting.fake_mode` or on the meta device and nothing is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-style model.
+
+    Args:
+        dim: hidden size.
+        n_layers: transformer blocks.
+        n_heads: query heads.
+        n_kv_heads: key/value heads (grouped-query attention when fewer than ``n_heads``).
+        ffn_dim: inner size of the SwiGLU feed-forward.
+        vocab: vocabulary size.
+        causal: decoder (True) or encoder-style full attention (False).
+    """
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab: int
+    causal: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def num_params(self) -> int:
+        """Parameters of the model, embeddings and head included."""
+        kv = self.n_kv_heads * self.head_dim
+        attn = self.dim * self.dim * 2 + self.dim * kv * 2
+        ffn = 3 * self.dim * self.ffn_dim
+        return self.n_layers * (attn + ffn + 2 * self.dim) + 2 * self.vocab * self.dim + self.dim
+
+    def forward_flops(self, tokens: int, seq: int) -> float:
+        """Analytical forward FLOPs: 2 per weight per token (embedding lookup excluded) plus attention.
+
+        Attention adds ``4·seq·dim`` per token per layer (scores and weighted sum); causal masking
+        is not subtracted, as PyTorch's formulas count it.
+        """
+        weights = self.num_params() - self.vocab * self.dim - self.dim * (2 * self.n_layers + 1)
+        return 2.0 * weights * tokens + 4.0 * self.n_layers * tokens * seq * self.dim
+
+
+LLAMA_CONFIGS = {
+    # Meta Llama 3 model cards / config.json: 8B and 70B.
+    "llama3-8b": LlamaConfig(4096, 32, 32, 8, 14336, 128256),
+    "llama3-70b": LlamaConfig(8192, 80, 64, 8, 28672, 128256),
+    # Llama 2 (Touvron et al., 2023, Table 1 / config.json).
+    "llama2-7b": LlamaConfig(4096, 32, 32, 32, 11008, 32000),
+    "llama2-13b": LlamaConfig(5120, 40, 40, 40, 13824, 32000),
+    "llama2-70b": LlamaConfig(8192, 80, 64, 8, 28672, 32000),
+    # GPT-3 175B (Brown et al., 2020, Table 2.1): 96 layers, d=12288, 96 heads; its 4·d GELU MLP has
+    # the weights of a SwiGLU with ffn = 8·d/3, so the matmul FLOPs are the same.
+    "gpt3-175b": LlamaConfig(12288, 96, 96, 96, 32768, 50257),
+    # BERT-Large (Devlin et al., 2019): 24 layers, d=1024, 16 heads, 4096 MLP, 30522 vocab; encoder.
+    "bert-large": LlamaConfig(1024, 24, 16, 16, 2731, 30522, causal=False),
+    # ViT-Base/16 (Dosovitskiy et al., 2021): 12 layers, d=768, 12 heads, 3072 MLP; 197 tokens;
+    # the patch embedding is a 768x768 matmul modelled as the "vocab" head of size 1000 classes.
+    "vit-base": LlamaConfig(768, 12, 12, 12, 2048, 1000, causal=False),
+    # Whisper-medium-sized encoder/decoder stack (Radford et al., 2022): 24 layers, d=1024, 16 heads.
+    "whisper-medium": LlamaConfig(1024, 48, 16, 16, 2731, 51865),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Scaled dot-product attention, fused on fake and meta tensors.
+
+    Counting without data runs PyTorch's flash-attention op, whose FLOPs PyTorch's formulas know and
+    whose memory traffic is q, k, v and the output, as on accelerators with fused attention kernels.
+    On real tensors it is ``F.scaled_dot_product_attention``.
+    """
+    if q.device.type == "meta" or _is_fake(q):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        kv = cfg.n_kv_heads * cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.dim)
+        self.wq = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, kv, bias=False)
+        self.wv = nn.Linear(cfg.dim, kv, bias=False)
+        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.ffn_norm = RMSNorm(cfg.dim)
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = self.wk(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = self.wv(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
+        if cfg.n_kv_heads != cfg.n_heads:
+            rep = cfg.n_heads // cfg.n_kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        a = attention(q, k, v, cfg.causal)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, cfg.dim))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Llama(nn.Module):
+    """Llama-style model: ``forward(tokens) -> logits``.
+
+    Args:
+        cfg: the model's shape.
+    """
+
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        s = tokens.shape[1]
+        half = self.cfg.head_dim // 2
+        inv = 1.0 / (10000.0 ** (torch.arange(half, device=tokens.device, dtype=torch.float32) / half))
+        ang = torch.outer(torch.arange(s, device=tokens.device, dtype=torch.float32), inv)
+        cos, sin = ang.cos().to(self.embed.weight.dtype), ang.sin().to(self.embed.weight.dtype)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.head(self.norm(x))
+
+
+def build(name_or_cfg, dtype: torch.dtype = torch.bfloat16, device: str = "meta") -> Llama:
+    """Build a model from a name in :data:`LLAMA_CONFIGS` or a :class:`LlamaConfig`, without initialising.
+
+    Args:
+        name_or_cfg: config name or config.
+        dtype: parameter dtype.
+        device: ``"meta"`` (default) allocates nothing.
+    """
+    cfg = LLAMA_CONFIGS[name_or_cfg] if isinstance(name_or_cfg, str) else name_or_cfg
+    with torch.device(device):
+        model = Llama(cfg)
+    return model.to(dtype)

@@ -1,0 +1,336 @@
+"""The projection report: count a program's steps, then project them on several targets.
+
+Every number this module produces is a projection from counted work and public specifications,
+not a measurement, and says so in its output together with its assumptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import runpy
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import torch
+
+from torchneuron.projection import counting as C
+from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, step_time
+
+logger = logging.getLogger("torchneuron")
+
+LABEL = "PROJECTION (not a measurement)"
+
+ASSUMPTIONS = [
+    "Work is counted per ATen op on one device; FLOPs of matmul/conv/attention from torch.utils.flop_counter, "
+    "elementwise = output elements, reductions = input elements; bytes = every tensor argument read and result written.",
+    "Kernel time = max(FLOPs / (published peak x generation efficiency), bytes / (HBM bandwidth x efficiency)) "
+    "+ a fixed cost per op (eager) or per fused kernel (compiled: consecutive non-matmul ops fuse).",
+    "Tensor/pipeline parallel split each kernel's time over tp*pp devices; pipeline bubble (pp-1)/microbatches; "
+    "data-parallel gradients synchronised by a ring all-reduce not overlapped with compute; ZeRO-1 shards the optimizer.",
+    "Collectives: ring, 2(n-1)/n*bytes/bandwidth + latency per hop; NeuronLink/NVLink inside an instance, EFA across.",
+    "Memory per device = weights + gradients + optimizer state (fp32 master + 2 moments, sharded by ZeRO-1) "
+    "+ counted activation peak / tp; no activation checkpointing or offload.",
+    "Prices are on-demand list prices where a source was found (see hardware.json; some are unverified).",
+]
+
+_active: List[C.CountingMode] = []
+
+
+def mark_step(tokens: int = 0, samples: int = 0) -> None:
+    """End a step of the program being counted, crediting it with ``tokens`` and ``samples``.
+
+    A no-op when nothing is counting, so a script can call it unconditionally.
+    """
+    if _active:
+        _active[-1].mark_step(tokens=tokens, samples=samples)
+
+
+@dataclass
+class Projection:
+    """Counted steps of a program, ready to be projected onto targets.
+
+    Args:
+        counter: the :class:`~torchneuron.projection.counting.CountingMode` that recorded them.
+        fake: whether the program ran on fake tensors.
+    """
+
+    counter: C.CountingMode
+    fake: bool = False
+    hints: ModelHints = field(default_factory=ModelHints)
+    wall_s: float = 0.0
+    stopped: str = ""
+
+    def step(self, tokens: int = 0, samples: int = 0) -> None:
+        """End a step (see :func:`mark_step`)."""
+        self.counter.mark_step(tokens=tokens, samples=samples)
+
+    def declare(self, model: Optional[torch.nn.Module] = None, layers: int = 0, hidden: int = 0,
+                params: int = 0, training: Optional[bool] = None) -> None:
+        """Tell the projection what the kernels alone do not show.
+
+        Args:
+            model: parameters are counted from it (and their bytes from its first parameter).
+            layers: transformer layers, for tensor/pipeline-parallel traffic.
+            hidden: hidden size, for tensor/pipeline-parallel traffic.
+            params: parameter count, when no model is given.
+            training: False drops gradients and optimizer state from the memory estimate.
+        """
+        if model is not None:
+            ps = list(model.parameters())
+            self.hints.params = sum(p.numel() for p in ps)
+            self.hints.param_bytes = ps[0].element_size() if ps else 2
+        if params:
+            self.hints.params = params
+        if layers:
+            self.hints.layers = layers
+        if hidden:
+            self.hints.hidden = hidden
+        if training is False:
+            self.hints.master_bytes = 0
+
+    @property
+    def steps(self) -> List[C.StepCounts]:
+        return self.counter.completed_steps()
+
+    def project(self, targets: Sequence[str], compare: Sequence[str] = (), parallel: Optional[Parallelism] = None,
+                mode: str = "compiled", skip_first: bool = True) -> "Report":
+        """Project the counted steps on each target and comparison.
+
+        Args:
+            targets: instance names to project on (Trainium, typically).
+            compare: instance names to compare with (GPUs, typically).
+            parallel: parallelism; one device by default.
+            mode: ``"eager"`` or ``"compiled"``.
+            skip_first: leave out the first step when there are more (warm-up, lazy optimizer state).
+        """
+        steps = self.steps
+        if skip_first and len(steps) > 1:
+            steps = steps[1:]
+        if not steps:
+            raise RuntimeError("projection: no work was counted; run at least one step inside the counting block")
+        hints = ModelHints(**vars(self.hints))
+        if not hints.params and self.counter.params:
+            hints.params = self.counter.params
+            hints.param_bytes = self.counter.param_bytes or 2
+        par = parallel or Parallelism()
+        rows = []
+        for name in list(targets) + [c for c in compare if c not in targets]:
+            tgt = get_target(name)
+            rows.append(_row(tgt, step_time(steps, tgt, par, mode, hints), par, role="target" if name in targets else "compare"))
+        if rows:
+            base = rows[0]
+            for r in rows:
+                r["work_per_dollar_vs_first"] = (
+                    (base["usd_per_step"] / r["usd_per_step"]) if r["usd_per_step"] and base["usd_per_step"] else None)
+        summary = C.summarize(steps)
+        summary.pop("by_class", None)
+        return Report(rows=rows, counted=summary, by_class=C.summarize(steps).get("by_class", {}),
+                      fake=self.fake or self.counter.saw_fake,
+                      parallel=vars(par), mode=mode, stopped=self.stopped, hints=vars(hints))
+
+
+def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str) -> Dict[str, Any]:
+    step_s = t["step_s"]
+    peak = tgt.peak_flops(t["dtype"]) * par.devices
+    price = tgt.price_per_hour
+    usd_per_hour = price * t["nodes"] if price is not None else None
+    usd_per_step = usd_per_hour * step_s / 3600.0 if usd_per_hour is not None else None
+    tokens = t["tokens_per_step"]
+    return {
+        "target": tgt.name, "role": role, "chip": tgt.chip_name, "device": tgt.chip["device_name"],
+        "devices": par.devices, "nodes": t["nodes"], "mode": t["mode"], "dtype": t["dtype"],
+        "step_s": step_s, "breakdown": t["breakdown"],
+        "mfu": t["matmul_flops_per_step"] / (step_s * peak) if step_s and peak else 0.0,
+        "tokens_per_s": tokens / step_s if tokens and step_s else None,
+        "samples_per_s": t["samples_per_step"] / step_s if t["samples_per_step"] and step_s else None,
+        "steps_per_s": 1.0 / step_s if step_s else None,
+        "usd_per_hour": usd_per_hour,
+        "usd_per_step": usd_per_step,
+        "usd_per_million_tokens": usd_per_step / tokens * 1e6 if usd_per_step and tokens else None,
+        "memory": t["memory"],
+        "price_verified": _price_verified(tgt),
+    }
+
+
+def _price_verified(tgt: Target) -> bool:
+    for row in tgt.sources():
+        if row["quantity"].endswith("price_per_hour"):
+            return row["verified"]
+    return False
+
+
+@dataclass
+class Report:
+    """The projection of counted work on several targets; :meth:`format` prints it, :meth:`to_dict` saves it."""
+
+    rows: List[Dict[str, Any]]
+    counted: Dict[str, Any]
+    by_class: Dict[str, Any]
+    fake: bool
+    parallel: Dict[str, Any]
+    mode: str
+    stopped: str = ""
+    hints: Dict[str, Any] = field(default_factory=dict)
+
+    def row(self, target: str) -> Dict[str, Any]:
+        """The row of one target."""
+        for r in self.rows:
+            if r["target"] == target:
+                return r
+        raise KeyError(target)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"label": LABEL, "assumptions": ASSUMPTIONS, "fake": self.fake, "mode": self.mode,
+                "parallel": self.parallel, "hints": self.hints, "counted_per_step": self.counted,
+                "counted_by_class": self.by_class, "stopped": self.stopped, "targets": self.rows,
+                "sources": {r["target"]: get_target(r["target"]).sources() for r in self.rows}}
+
+    def format(self) -> str:
+        """A plain-text table, labelled as a projection, with its assumptions."""
+        c = self.counted
+        p = self.parallel
+        lines = [f"== {LABEL} ==",
+                 f"counted per step ({'fake/meta tensors, nothing computed' if self.fake else 'real run'}, {c['steps']} step(s) averaged): "
+                 f"{c['flops'] / 1e9:,.3f} GFLOP, {c['bytes'] / 1e6:,.1f} MB moved, {c['ops']:,.0f} ops"
+                 + (f", {c['tokens']:,.0f} tokens" if c.get("tokens") else "")
+                 + (f", {c['samples']:,.0f} samples" if c.get("samples") else ""),
+                 f"parallelism: dp={p['dp']} tp={p['tp']} pp={p['pp']} microbatches={p['microbatches']} "
+                 f"zero1={p['zero1']}; mode={self.mode}"]
+        if self.stopped:
+            lines.append(f"note: {self.stopped}")
+        head = f"{'target':<18}{'role':<8}{'step':>11}{'MFU':>7}{'tokens/s':>12}{'samples/s':>11}{'$/hour':>9}{'$/Mtok':>9}{'work/$':>8}  memory/device"
+        lines += ["", head, "-" * len(head)]
+        for r in self.rows:
+            mem = r["memory"]
+            lines.append(
+                f"{r['target']:<18}{r['role']:<8}{_time(r['step_s']):>11}{r['mfu'] * 100:>6.1f}%"
+                f"{_num(r['tokens_per_s']):>12}{_num(r['samples_per_s']):>11}"
+                f"{_money(r['usd_per_hour'], r['price_verified']):>9}{_money(r['usd_per_million_tokens'], True):>9}"
+                f"{_ratio(r['work_per_dollar_vs_first']):>8}  "
+                f"{mem['per_device_bytes'] / 2**30:,.1f}/{mem['capacity_bytes'] / 2**30:,.0f} GiB "
+                f"{'fits' if mem['fits'] else 'does not fit'}")
+        lines += ["", "breakdown of the step (seconds per device):"]
+        for r in self.rows:
+            parts = ", ".join(f"{k} {_time(v)}" for k, v in sorted(r["breakdown"].items(), key=lambda kv: -kv[1]) if v)
+            lines.append(f"  {r['target']}: {parts}")
+        lines += ["", "assumptions:"] + [f"  - {a}" for a in ASSUMPTIONS]
+        lines.append("  - '*' after a price: not read from AWS's own pricing page (see hardware.json sources).")
+        lines.append("work/$ = work per dollar relative to the first target (higher is cheaper).")
+        return "\n".join(lines)
+
+
+def _time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _num(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:,.1f}" if x < 1e4 else f"{x:,.0f}"
+
+
+def _money(x: Optional[float], verified: bool) -> str:
+    return "n/a" if x is None else f"{x:,.2f}" + ("" if verified else "*")
+
+
+def _ratio(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+@contextlib.contextmanager
+def count(fake: bool = False, group_size: int = 1) -> Iterator[Projection]:
+    """Count the work of the steps run inside the block.
+
+    Args:
+        fake: run on fake tensors (nothing computed or allocated; values read back to Python are 1).
+        group_size: ranks assumed for collectives whose group cannot be read.
+
+    Example::
+
+        with torchneuron.projection.count() as p:
+            for x, y in batches:
+                loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+                p.step(samples=len(x))
+        print(p.project(["trn2.48xlarge"], compare=["p5.48xlarge"]).format())
+    """
+    counter = C.CountingMode(group_size=group_size)
+    proj = Projection(counter, fake=fake)
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if fake:
+            stack.enter_context(C.fake_mode())
+            stack.enter_context(_fake_module_moves())
+        stack.enter_context(counter)
+        _active.append(counter)
+        try:
+            yield proj
+        finally:
+            _active.remove(counter)
+            proj.wall_s = time.perf_counter() - start
+    if counter.data_dependent_reads:
+        logger.warning("projection: %d value(s) read back to Python were 1 in fake mode", counter.data_dependent_reads)
+
+
+@contextlib.contextmanager
+def _fake_module_moves() -> Iterator[None]:
+    """The one change to PyTorch made while counting on fake tensors, undone on exit.
+
+    ``Module.to(device)`` swaps each parameter for its copy, and PyTorch cannot swap a fake
+    parameter, so on fake modules the move puts new parameters (and buffers) in their place.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.nn.Module.to
+
+    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        first = next(iter(self.parameters()), None)
+        if not isinstance(first, FakeTensor):
+            return original(self, *args, **kwargs)
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        with torch.no_grad():
+            for module in self.modules():
+                for name, p in list(module._parameters.items()):
+                    if p is not None:
+                        moved = p.to(device=device, dtype=dtype if dtype is not None and p.is_floating_point() else None)
+                        module._parameters[name] = torch.nn.Parameter(moved, requires_grad=p.requires_grad)
+                for name, b in list(module._buffers.items()):
+                    if b is not None:
+                        module._buffers[name] = b.to(device=device, dtype=dtype if dtype is not None and b.is_floating_point() else None)
+        return self
+
+    torch.nn.Module.to = to  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original  # type: ignore[method-assign]
+
+
+def run_script(path: str, argv: Sequence[str], fake: bool = False) -> Projection:
+    """Run a Python script as ``__main__`` while counting its work.
+
+    Under ``fake`` a data-dependent shape (``nonzero``, boolean indexing...) stops the run; the steps
+    counted before it are kept and the report says where it stopped.
+    """
+    old_argv = sys.argv
+    sys.argv = [path, *argv]
+    try:
+        with count(fake=fake) as proj:
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise
+            except Exception as e:  # noqa: BLE001 - reported, and the counted steps are kept
+                if not fake or not proj.counter.completed_steps():
+                    raise
+                proj.stopped = (f"fake mode stopped the script at {type(e).__name__}: {str(e).splitlines()[0][:160]}; "
+                                f"{len(proj.counter.completed_steps())} step(s) counted before it are projected")
+                logger.warning("projection: %s", proj.stopped)
+    finally:
+        sys.argv = old_argv
+    return proj
