@@ -117,6 +117,65 @@ def _run_parity(args: argparse.Namespace) -> int:
     return parity(args.script, args.script_args, rtol=args.rtol, atol=args.atol, json_path=args.json)
 
 
+def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``project`` subcommand."""
+    parser.add_argument("--target", default="trn1.32xlarge,trn2.48xlarge",
+                        help="instances to project on, comma-separated (default: trn1.32xlarge,trn2.48xlarge)")
+    parser.add_argument("--compare", default="p5.48xlarge",
+                        help="instances to compare with, comma-separated (default: p5.48xlarge; '' for none)")
+    parser.add_argument("--fake", action="store_true",
+                        help="run on fake tensors: nothing computed or allocated, values read back are 1")
+    parser.add_argument("--mode", choices=("eager", "compiled"), default="eager",
+                        help="eager pays a launch per op; compiled fuses non-matmul ops (default: eager)")
+    parser.add_argument("--dp", type=_positive_int, default=1, help="data-parallel replicas (default: 1)")
+    parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default: 1)")
+    parser.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages (default: 1)")
+    parser.add_argument("--microbatches", type=_positive_int, default=1,
+                        help="microbatches per optimizer step (default: 1)")
+    parser.add_argument("--nodes", type=_positive_int, help="instances (default: the fewest that hold dp*tp*pp)")
+    parser.add_argument("--no-zero1", dest="zero1", action="store_false", help="replicate optimizer state")
+    parser.add_argument("--layers", type=int, default=0, help="transformer layers, for tp/pp traffic")
+    parser.add_argument("--hidden", type=int, default=0, help="hidden size, for tp/pp traffic")
+    parser.add_argument("--tokens-per-step", type=int, default=0, help="tokens per counted step, if the script does not say")
+    parser.add_argument("--samples-per-step", type=int, default=0, help="samples per counted step, if the script does not say")
+    parser.add_argument("--list-targets", action="store_true", help="print the known instances and exit")
+    _add_script_arguments(parser)
+
+
+def _run_project(args: argparse.Namespace) -> int:
+    """Count a program's work while it runs and project its step time and cost on other hardware."""
+    import json
+    import logging
+
+    from torchneuron import projection
+
+    if args.list_targets:
+        for name in projection.targets():
+            t = projection.get_target(name)
+            print(f"{name:<18} {t.devices_per_instance:>3} x {t.chip['device_name']}")
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    names = [n for n in args.target.split(",") if n]
+    compare = [n for n in args.compare.split(",") if n]
+    for name in names + compare:
+        projection.get_target(name)  # unknown names fail before the script runs
+    proj = projection.run_script(args.script, args.script_args, fake=args.fake)
+    if args.tokens_per_step or args.samples_per_step:
+        for step in proj.steps:
+            step.tokens = step.tokens or args.tokens_per_step
+            step.samples = step.samples or args.samples_per_step
+    proj.declare(layers=args.layers, hidden=args.hidden)
+    parallel = projection.Parallelism(dp=args.dp, tp=args.tp, pp=args.pp, microbatches=args.microbatches,
+                                      zero1=args.zero1, nodes=args.nodes)
+    report = proj.project(names, compare=compare, parallel=parallel, mode=args.mode)
+    print(report.format())
+    print(f"(counted {len(proj.steps)} step(s) in {proj.wall_s:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2, default=str)
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command(
         "demo",
@@ -130,6 +189,8 @@ COMMANDS: list[Command] = [
             "graph breaks", _add_script_arguments, _run_doctor),
     Command("parity", "run a program on the CPU and on neuron and report the first loss that differs",
             _add_parity_arguments, _run_parity),
+    Command("project", "count a program's work and project its step time and cost on Trainium and GPU "
+            "instances (a projection, not a measurement)", _add_project_arguments, _run_project),
 ]
 
 

@@ -206,11 +206,11 @@ class Report:
         for r in self.rows:
             mem = r["memory"]
             lines.append(
-                f"{r['target']:<18}{r['role']:<8}{_time(r['step_s']):>11}{r['mfu'] * 100:>6.1f}%"
+                f"{r['target']:<18}{r['role']:<8}{_time(r['step_s']):>11}{_pct(r['mfu']):>7}"
                 f"{_num(r['tokens_per_s']):>12}{_num(r['samples_per_s']):>11}"
                 f"{_money(r['usd_per_hour'], r['price_verified']):>9}{_money(r['usd_per_million_tokens'], True):>9}"
                 f"{_ratio(r['work_per_dollar_vs_first']):>8}  "
-                f"{mem['per_device_bytes'] / 2**30:,.1f}/{mem['capacity_bytes'] / 2**30:,.0f} GiB "
+                f"{_bytes(mem['per_device_bytes'])} of {_bytes(mem['capacity_bytes'])} "
                 f"{'fits' if mem['fits'] else 'does not fit'}")
         lines += ["", "breakdown of the step (seconds per device):"]
         for r in self.rows:
@@ -228,6 +228,17 @@ def _time(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.3f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%" if x >= 0.01 else f"{x * 100:.3f}%"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def _num(x: Optional[float]) -> str:
