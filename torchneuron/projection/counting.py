@@ -146,6 +146,7 @@ class StepCounts:
     samples: int = 0
     start_bytes: int = 0
     peak_bytes: int = 0
+    forward_peak_bytes: int = 0
 
     def total(self, attr: str = "flops", cls: Optional[str] = None) -> float:
         """Sum ``attr`` (``flops``, ``bytes_read``, ``bytes_written``) over ops, optionally of one class."""
@@ -295,12 +296,14 @@ class CountingMode(TorchDispatchMode):
         self._sweep()
         self.current.tokens += tokens
         self.current.samples += samples
-        self.steps.append(StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes))
+        self.steps.append(StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes,
+                                   forward_peak_bytes=self.live_bytes))
 
     def discard(self) -> None:
         """Forget the ops of the open step (model construction, warm-up) without closing it."""
         self._sweep()
-        self.steps[-1] = StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes)
+        self.steps[-1] = StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes,
+                                   forward_peak_bytes=self.live_bytes)
 
     def completed_steps(self) -> List[StepCounts]:
         """Steps closed by :meth:`mark_step`, or the open one if none was closed."""
@@ -326,7 +329,11 @@ class CountingMode(TorchDispatchMode):
         if self.live_bytes > self.current.peak_bytes and self._ops_since_sweep >= _SWEEP_EVERY:
             self._sweep()
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        self.current.peak_bytes = max(self.current.peak_bytes, self.live_bytes)
+        step = self.current
+        step.peak_bytes = max(step.peak_bytes, self.live_bytes)
+        if self._phase == "model" and torch._C._current_graph_task_id() == -1:
+            # Outside backward and the optimizer: what the forward keeps alive (activations).
+            step.forward_peak_bytes = max(step.forward_peak_bytes, self.live_bytes)
 
     def _sweep(self) -> None:
         self._ops_since_sweep = 0
@@ -439,6 +446,6 @@ def summarize(steps: List[StepCounts]) -> Dict[str, Any]:
         "tokens": sum(s.tokens for s in steps) / len(steps),
         "samples": sum(s.samples for s in steps) / len(steps),
         "peak_bytes": max(s.peak_bytes for s in steps),
-        "activation_bytes": max(s.peak_bytes - s.start_bytes for s in steps),
+        "activation_bytes": max(s.forward_peak_bytes - s.start_bytes for s in steps),
         "by_class": dict(per_class),
     }

@@ -343,11 +343,12 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
 
     step_s = sum(breakdown.values())
     # Memory per device.
-    act_bytes = max((s.peak_bytes - s.start_bytes) for s in steps) if steps else 0
+    act_bytes = max((s.forward_peak_bytes - s.start_bytes) for s in steps) if steps else 0
     if hints.params:
         weights = hints.params * hints.param_bytes / model_split
         grads = weights if training else 0.0
         opt = hints.params * hints.master_bytes / model_split / (par.dp if par.zero1 else 1) if training else 0.0
+        # 1F1B keeps up to pp microbatches in flight on the first stage, each with 1/pp of the layers.
         activations = act_bytes / par.tp
         memory = weights + grads + opt + activations
     else:

@@ -1,0 +1,230 @@
+"""Published throughput figures, and the projection of each from fake-mode counts.
+
+Each row is a measurement someone published, with its source and exact configuration. The
+projection counts one microbatch of the same model shape on meta tensors (forward, backward and
+the AdamW step), then applies the row's parallelism. Rows marked ``calibration`` fixed the
+generation's ``matmul_efficiency`` in ``hardware.json`` (at most half the rows); the others
+validate it. ``docs/projection.md`` shows the table; ``tests/test_projection.py`` recomputes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from torchneuron.projection.counting import CountingMode, StepCounts
+from torchneuron.projection.model import ModelHints, Parallelism, get_target, step_time
+from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
+
+logger = logging.getLogger("torchneuron")
+
+_TRN1_DECODER = ("AWS Neuron performance: Trn1 training, decoder models (aws-neuron/aws-neuron-sdk "
+                 "general/benchmarks/trn1/training_data_decoder.csv, Neuron 2.16)")
+_TRN1_ENCODER = ("AWS Neuron performance: Trn1 training, encoder models (aws-neuron/aws-neuron-sdk "
+                 "general/benchmarks/trn1/training_data_encoder.csv, Neuron 2.26)")
+_TRN1_VIT = ("AWS Neuron performance: Trn1 training, vision transformers (aws-neuron/aws-neuron-sdk "
+             "general/benchmarks/trn1/training_data_vision_transformers.csv, Neuron 2.16)")
+_TRN1_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/benchmarks/trn1/trn1-training-performance.html"
+_MEGATRON = ("NVIDIA/Megatron-LM README, 'Training Speed and Scalability': GPT-3 175B (vocab 131072, seq 4096, "
+             "batch 1152) strong-scaled on H100, MFU 47% at 96 GPUs and 42% at 4608 GPUs")
+_MEGATRON_URL = "https://github.com/NVIDIA/Megatron-LM#training-speed-and-scalability"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published measurement and the configuration it was measured with.
+
+    Args:
+        name: short label.
+        model: key of :data:`~torchneuron.projection.models.LLAMA_CONFIGS` or a config.
+        target: instance type.
+        nodes: instances used.
+        dp, tp, pp: parallelism as published.
+        microbatch: sequences per microbatch.
+        global_batch: sequences per optimizer step.
+        seq: sequence length (tokens per sequence).
+        metric: ``"seq_per_s"`` (global throughput) or ``"mfu"``.
+        value: the published number.
+        source: document title, url: its address.
+        calibration: whether the row fixed a generation parameter.
+        note: what the published configuration adds that the count does not model.
+    """
+
+    name: str
+    model: Any
+    target: str
+    nodes: int
+    dp: int
+    tp: int
+    pp: int
+    microbatch: int
+    global_batch: int
+    seq: int
+    metric: str
+    value: float
+    source: str
+    url: str
+    calibration: bool = False
+    note: str = ""
+
+    @property
+    def microbatches(self) -> int:
+        return max(1, self.global_batch // (self.dp * self.microbatch))
+
+
+GPT3_175B_MEGATRON = LlamaConfig(12288, 96, 96, 96, 32768, 131072)
+
+ROWS: List[Row] = [
+    Row("Llama2-7B, NxD, BF16", "llama2-7b", "trn1.32xlarge", 16, 64, 8, 1, 1, 1024, 4096, "seq_per_s", 93.3,
+        _TRN1_DECODER, _TRN1_URL, calibration=True, note="selective activation checkpointing, sequence parallel"),
+    Row("Llama2-13B, NxD, BF16", "llama2-13b", "trn1.32xlarge", 32, 32, 8, 4, 1, 1024, 4096, "seq_per_s", 85.65,
+        _TRN1_DECODER, _TRN1_URL),
+    Row("Llama2-70B, NxD, BF16", "llama2-70b", "trn1.32xlarge", 32, 8, 32, 4, 1, 1024, 4096, "seq_per_s", 15.34,
+        _TRN1_DECODER, _TRN1_URL),
+    Row("GPT3-175B, NeMo Megatron, BF16+SR", "gpt3-175b", "trn1.32xlarge", 32, 4, 32, 8, 1, 1024, 2048, "seq_per_s",
+        13.3, _TRN1_DECODER, _TRN1_URL),
+    Row("BERT-Large ph1, 1 node, BF16+SR", "bert-large", "trn1.32xlarge", 1, 32, 1, 1, 16, 16384, 128, "seq_per_s",
+        3697.71, _TRN1_ENCODER, _TRN1_URL, note="AdamW; 32 data-parallel NeuronCores"),
+    Row("ViT-Base fine-tune, 1 node, BF16+SR", "vit-base", "trn1.32xlarge", 1, 32, 1, 1, 64, 2048, 197, "seq_per_s",
+        5232.78, _TRN1_VIT, _TRN1_URL, note="224x224 images = 197 tokens; patch embedding as a matmul"),
+    Row("GPT-3 175B, Megatron-LM, 96 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 12, 3, 4, 8, 1, 1152, 4096, "mfu", 0.47,
+        _MEGATRON, _MEGATRON_URL, calibration=True, note="TP=4 PP=8 assumed (the README's table is an image)"),
+    Row("GPT-3 175B, Megatron-LM, 4608 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 576, 144, 4, 8, 1, 1152, 4096, "mfu",
+        0.42, _MEGATRON, _MEGATRON_URL, note="TP=4 PP=8 assumed; communication overlapped in the measurement"),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def count_training_microbatch(cfg: LlamaConfig, microbatch: int, seq: int) -> StepCounts:
+    """Count one microbatch's forward, backward and AdamW step of a Llama-style model on meta tensors."""
+    with CountingMode() as counter:
+        net = build(cfg)
+        opt = torch.optim.AdamW(net.parameters(), foreach=False)
+        counter.discard()
+        tokens = torch.zeros(microbatch, seq, dtype=torch.long, device="meta")
+        logits = net(tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+        del logits
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        counter.mark_step(tokens=microbatch * seq, samples=microbatch)
+    return counter.completed_steps()[0]
+
+
+def layer_extrapolated_step_time(cfg: LlamaConfig, microbatch: int, seq: int, target: Any, par: Parallelism,
+                                 mode: str, hints: ModelHints) -> Dict[str, Any]:
+    """:func:`step_time` of an ``n_layers`` model from counts of its 1- and 2-layer versions.
+
+    The layers are identical, so every counted quantity is ``base + layers x per_layer`` and the
+    projection of the full model is ``t(1) + (n_layers - 1)·(t(2) - t(1))``, component by
+    component (the parallel traffic, from ``hints``, is the same in both). Counting two layers
+    instead of eighty makes each row take well under a second; ``tests/test_projection.py``
+    checks that the result equals the projection of the fully counted model.
+    """
+    one = dataclasses.replace(cfg, n_layers=1)
+    two = dataclasses.replace(cfg, n_layers=2)
+    t1 = step_time([count_training_microbatch(one, microbatch, seq)], target, par, mode, hints)
+    t2 = step_time([count_training_microbatch(two, microbatch, seq)], target, par, mode, hints)
+    n = cfg.n_layers - 1
+
+    def ext(a: float, b: float) -> float:
+        return a + n * (b - a)
+
+    out = dict(t2)
+    keys = set(t1["breakdown"]) | set(t2["breakdown"])
+    out["breakdown"] = {k: ext(t1["breakdown"].get(k, 0.0), t2["breakdown"].get(k, 0.0)) for k in keys}
+    out["step_s"] = sum(out["breakdown"].values())
+    for k in ("flops_per_step", "matmul_flops_per_step"):
+        out[k] = ext(t1[k], t2[k])
+    mem = dict(t2["memory"])
+    mem["activations"] = ext(t1["memory"]["activations"], t2["memory"]["activations"])
+    mem["per_device_bytes"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
+    mem["fits"] = mem["per_device_bytes"] <= mem["capacity_bytes"]
+    out["memory"] = mem
+    return out
+
+
+def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[str, Any]:
+    """Project one row; returns the projected value, the error and the step breakdown.
+
+    Args:
+        row: the published measurement.
+        mode: ``"compiled"`` (default: both Neuron and Megatron run fused graphs) or ``"eager"``.
+        exact: count every layer instead of extrapolating from one and two layers.
+    """
+    cfg = LLAMA_CONFIGS[row.model] if isinstance(row.model, str) else row.model
+    target = get_target(row.target)
+    par = Parallelism(dp=row.dp, tp=row.tp, pp=row.pp, microbatches=row.microbatches, nodes=row.nodes)
+    hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim)
+    if exact:
+        t = step_time([count_training_microbatch(cfg, row.microbatch, row.seq)], target, par, mode, hints)
+    else:
+        t = layer_extrapolated_step_time(cfg, row.microbatch, row.seq, target, par, mode, hints)
+    seq_per_s = t["samples_per_step"] / t["step_s"]
+    mfu = t["matmul_flops_per_step"] / (t["step_s"] * target.peak_flops("bfloat16") * par.devices)
+    projected = seq_per_s if row.metric == "seq_per_s" else mfu
+    return {"row": row, "projected": projected, "published": row.value,
+            "error": projected / row.value - 1.0, "step_s": t["step_s"], "breakdown": t["breakdown"],
+            "memory": t["memory"]}
+
+
+def validate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[str, Any]:
+    """Project every row; summarise the errors of the validation rows (calibration rows excluded)."""
+    results = [project_row(r, mode) for r in (rows or ROWS)]
+    held_out = [abs(r["error"]) for r in results if not r["row"].calibration]
+    return {"results": results,
+            "median_abs_error": statistics.median(held_out) if held_out else 0.0,
+            "max_ratio": max(max(r["projected"] / r["published"], r["published"] / r["projected"]) for r in results)}
+
+
+def markdown_table(summary: Dict[str, Any]) -> str:
+    """The validation table as Markdown."""
+    lines = ["| row | target | nodes | dp/tp/pp | batch (micro/global) | seq | metric | published | projected | error | role |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in summary["results"]:
+        row = r["row"]
+        fmt = (lambda v: f"{v * 100:.1f}%") if row.metric == "mfu" else (lambda v: f"{v:,.2f}")
+        lines.append(f"| {row.name} | {row.target} | {row.nodes} | {row.dp}/{row.tp}/{row.pp} | "
+                     f"{row.microbatch}/{row.global_batch} | {row.seq} | {row.metric} | {fmt(row.value)} | "
+                     f"{fmt(r['projected'])} | {r['error'] * 100:+.1f}% | "
+                     f"{'calibration' if row.calibration else 'validation'} |")
+    return "\n".join(lines)
+
+
+def calibrate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[str, float]:
+    """Fit each generation's ``matmul_efficiency`` to its calibration rows (least squares in log error).
+
+    Returns the fitted value per generation; ``hardware.json`` holds them rounded to 0.01. The
+    hardware data is restored afterwards.
+    """
+    import math
+
+    from torchneuron.projection.model import load_hardware
+
+    rows = [r for r in (rows or ROWS) if r.calibration]
+    hw = load_hardware()
+    fitted: Dict[str, float] = {}
+    by_gen: Dict[str, List[Row]] = {}
+    for r in rows:
+        by_gen.setdefault(get_target(r.target).chip["generation"], []).append(r)
+    for gen, gen_rows in by_gen.items():
+        entry = hw["generations"][gen]["matmul_efficiency"]
+        original = entry[0]
+        best = (float("inf"), original)
+        try:
+            for i in range(20, 101):
+                entry[0] = i / 100
+                loss = sum(math.log(project_row(r, mode)["projected"] / r.value) ** 2 for r in gen_rows)
+                best = min(best, (loss, entry[0]))
+        finally:
+            entry[0] = original
+        fitted[gen] = best[1]
+    return fitted
