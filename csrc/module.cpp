@@ -123,6 +123,7 @@ PYBIND11_MODULE(_C, m) {
     if (e) torch::translate_exception_to_python(e);
   });
   preferCpuKernels();
+  preferSparseCpuKernels();
   m.def("_device_count", [] { return int(deviceCount()); });
   m.def("_current_device", [] { return int(currentDevice()); });
   m.def("_set_device", [](int i) { setDevice(static_cast<c10::DeviceIndex>(i)); });

@@ -90,8 +90,9 @@ NOT_IN_CUDA = {
 
 # Names torch.cuda has that torch.neuron leaves out on purpose.
 LEFT_OUT = {
-    "sparse": "torch.cuda.sparse holds the legacy sparse tensor types; neuron has no sparse tensors, and "
-              "without it _to raises 'sparse storage is not supported for NEURON tensors'",
+    "sparse": "torch.cuda.sparse holds the legacy sparse tensor types; neuron's sparse tensors are ordinary "
+              "torch.sparse_coo and compressed tensors, and _to reads it only for legacy sparse storages, "
+              "which neuron does not have",
 }
 
 # Names that belong to torchneuron/neuron/random.py, not added there yet.

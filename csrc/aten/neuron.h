@@ -110,6 +110,9 @@ void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias);
 // Registers the fallback for ops that have a CPU kernel besides a generic
 // one, so they run the CPU's kernel. Called once, after all registrations.
 void preferCpuKernels();
+// The same for sparse tensors (sparse.cpp): ops with a CPU sparse kernel run it on the device's
+// sparse tensors, also where PyTorch has a generic kernel that expects a dense tensor.
+void preferSparseCpuKernels();
 
 // ---- transfer accounting (kernels.cpp) -----------------------------------
 struct TransferStats {

@@ -46,7 +46,6 @@ class XFail:
 ALL = ("float32", "float64", "bfloat16", "float16", "int64", "bool", "complex64")
 FLOATS = ("float32", "float64", "bfloat16", "float16", "complex64")
 
-_SPARSE = "[unsupported] sparse layouts are not supported on neuron (dense torch.strided only), by design"
 _LCE = ("[pytorch] linear_cross_entropy's chunked path resolves acc_policy='auto' per (device, dtype): "
         "'accurate' on the CPU, the 'compact' fallback (half-precision accumulation) for unlisted "
         "devices such as neuron, so half-precision results legitimately differ; an entry for neuron in "
@@ -64,10 +63,6 @@ OP_XFAILS: list[XFail] = [
           _LCE, strict=False),
     XFail("native_batch_norm", FLOATS, ("out",), _BN_OUT, strict=False),
     XFail("_native_batch_norm_legit", FLOATS, ("out",), _BN_OUT, strict=False),
-    # unsupported by design
-    XFail("to_sparse", ALL, "*", _SPARSE),
-    XFail("sparse.mm.reduce", ALL, "*", _SPARSE + " (its sample inputs are CSR tensors made on the device)"),
-    XFail("sparse.sampled_addmm", ALL, "*", _SPARSE + " (its sample inputs are CSR tensors made on the device)"),
 ]
 
 # ---- ModuleInfo (module_db) ----------------------------------------------------------------------
