@@ -17,7 +17,11 @@ VPY=.venv/bin/python
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
 # and test tools.
 PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
-          "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6")
+          "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6"
+          numba tiktoken more-itertools)
+# Installed without their dependencies, which would bring what the tests do not need (openai-whisper
+# requires triton, a GPU compiler); what they import at run time is in PACKAGES.
+NO_DEPS_PACKAGES=("openai-whisper==20250625")
 packages_stamp=.venv/.torchneuron-packages
 build_stamp=.venv/.torchneuron-build
 
@@ -31,7 +35,7 @@ inputs_hash() {
         ls -d .venv/lib/python*/site-packages/torchneuron-*.dist-info 2>/dev/null || echo "not installed"
     } | sha256sum | cut -d' ' -f1
 }
-packages_current() { [ "$(cat "$packages_stamp" 2>/dev/null)" = "${PACKAGES[*]}" ]; }
+packages_current() { [ "$(cat "$packages_stamp" 2>/dev/null)" = "${PACKAGES[*]} ${NO_DEPS_PACKAGES[*]}" ]; }
 build_current() {
     [ "${TORCHNEURON_REBUILD:-0}" != 1 ] && [ "$(cat "$build_stamp" 2>/dev/null)" = "$(inputs_hash)" ]
 }
@@ -53,7 +57,8 @@ fi
 # Step 1: torch and the tools, when the list changed since the last run.
 if ! packages_current; then
     "$VPY" -m pip install -q "${PACKAGES[@]}"
-    echo "${PACKAGES[*]}" >"$packages_stamp"
+    "$VPY" -m pip install -q --no-deps "${NO_DEPS_PACKAGES[@]}"
+    echo "${PACKAGES[*]} ${NO_DEPS_PACKAGES[*]}" >"$packages_stamp"
 fi
 
 # Step 2: torchneuron (runtime dependencies, C++ core, entry points), when its inputs changed.
