@@ -126,7 +126,7 @@ class Block(nn.Module):
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_len: int = 0) -> torch.Tensor:
         cfg = self.cfg
         b, s, _ = x.shape
         h = self.attn_norm(x)
@@ -134,6 +134,18 @@ class Block(nn.Module):
         k = self.wk(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.wv(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
+        if cache_len:
+            # Decoding against a KV cache of cache_len earlier tokens (values irrelevant to counting):
+            # each query head group reads its key/value head once, as grouped-query kernels do.
+            n = cache_len + s
+            kc = k.new_zeros(()).expand(b, cfg.n_kv_heads, n, cfg.head_dim)
+            vc = v.new_zeros(()).expand(b, cfg.n_kv_heads, n, cfg.head_dim)
+            rep = cfg.n_heads // cfg.n_kv_heads
+            qg = q.reshape(b, cfg.n_kv_heads, rep * s, cfg.head_dim)
+            a = attention(qg, kc, vc, False).reshape(b, cfg.n_heads, s, cfg.head_dim)
+            x = x + self.wo(a.transpose(1, 2).reshape(b, s, cfg.dim))
+            h = self.ffn_norm(x)
+            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
         if cfg.n_kv_heads != cfg.n_heads:
             rep = cfg.n_heads // cfg.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)
@@ -159,15 +171,19 @@ class Llama(nn.Module):
         self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache_len: int = 0) -> torch.Tensor:
+        """Logits for ``tokens``; with ``cache_len`` (fake or meta tensors only), a decode step that
+        attends to ``cache_len`` cached tokens besides its own."""
+        if cache_len and not (tokens.device.type == "meta" or _is_fake(tokens)):
+            raise ValueError("cache_len is for counting on fake or meta tensors; this model keeps no KV cache")
         s = tokens.shape[1]
         half = self.cfg.head_dim // 2
         inv = 1.0 / (10000.0 ** (torch.arange(half, device=tokens.device, dtype=torch.float32) / half))
-        ang = torch.outer(torch.arange(s, device=tokens.device, dtype=torch.float32), inv)
+        ang = torch.outer(torch.arange(cache_len, cache_len + s, device=tokens.device, dtype=torch.float32), inv)
         cos, sin = ang.cos().to(self.embed.weight.dtype), ang.sin().to(self.embed.weight.dtype)
         x = self.embed(tokens)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, cache_len)
         return self.head(self.norm(x))
 
 

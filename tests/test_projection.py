@@ -1,0 +1,230 @@
+"""Projection: counting the work of a program, the hardware data, the time model, the report,
+the CLI and the validation against published figures (docs/projection.md)."""
+
+import json
+import math
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from torchneuron import projection
+from torchneuron.projection import counting, validation
+from torchneuron.projection.model import ModelHints, Parallelism, get_target, load_hardware, step_time
+from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
+
+# |error| of each validation row when last recorded in docs/projection.md; a row may not get worse
+# by more than ERROR_SLACK (absolute fraction).
+RECORDED_ERRORS = {
+    "Llama2-7B, NxD, BF16": 0.005,
+    "Llama2-13B, NxD, BF16": 0.178,
+    "Llama2-70B, NxD, BF16": 0.176,
+    "GPT3-175B, NeMo Megatron, BF16+SR": 0.185,
+    "BERT-Large ph1, 1 node, BF16+SR": 0.297,
+    "ViT-Base fine-tune, 1 node, BF16+SR": 1.134,
+    "GPT-3 175B, Megatron-LM, 96 H100": 0.002,
+    "GPT-3 175B, Megatron-LM, 4608 H100": 0.453,
+}
+ERROR_SLACK = 0.02
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8 * 8 * 8)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(F.gelu(self.norm(torch.relu(self.conv(x)).flatten(1))))
+
+
+def _train(device, steps=2):
+    torch.manual_seed(0)
+    model = _Net().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        x = torch.randn(4, 3, 8, 8, device=device)
+        y = torch.randint(0, 10, (4,), device=device)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        projection.mark_step(samples=4)
+
+
+def _model_work(steps):
+    ops = [op for op in steps[-1].ops if op.phase == "model"]
+    return sorted((op.name, op.cls, op.flops, op.bytes_read, op.bytes_written, op.dtype) for op in ops)
+
+
+def test_counting_real_run_equals_fake_run():
+    with projection.count() as real:
+        _train("neuron")
+    with projection.count(fake=True) as fake:
+        _train("neuron")
+    assert len(real.steps) == len(fake.steps) == 2
+    assert _model_work(real.steps) == _model_work(fake.steps)
+    assert real.steps[-1].samples == 4
+    classes = {op.cls for op in real.steps[-1].ops}
+    assert {"matmul", "elementwise", "transcendental", "reduction"} <= classes
+    # Optimizer work is recorded under its own phase.
+    assert any(op.phase == "optimizer" for op in real.steps[-1].ops)
+
+
+def test_matmul_flops_come_from_pytorch_formulas():
+    a, b = torch.randn(8, 16, device="neuron"), torch.randn(16, 4, device="neuron")
+    with projection.count() as p:
+        a @ b
+        p.step()
+    (op,) = [o for o in p.steps[0].ops if o.cls == "matmul"]
+    assert op.flops == 2 * 8 * 16 * 4
+    assert op.bytes_read == (8 * 16 + 16 * 4) * 4 and op.bytes_written == 8 * 4 * 4
+
+
+@pytest.mark.parametrize("name,seq", [("llama2-7b", 512), ("llama3-8b", 8192)])
+def test_forward_flops_match_analytical(name, seq):
+    cfg = LLAMA_CONFIGS[name]
+    with counting.CountingMode() as c, torch.no_grad():
+        model = build(cfg)
+        c.discard()
+        model(torch.zeros(1, seq, dtype=torch.long, device="meta"))
+        c.mark_step()
+    counted = c.completed_steps()[0].total("flops", "matmul")
+    assert counted == pytest.approx(cfg.forward_flops(seq, seq), rel=1e-3)
+
+
+def test_llama3_8b_training_step_counts_fast_without_memory():
+    cfg = LLAMA_CONFIGS["llama3-8b"]
+    start = time.perf_counter()
+    with projection.count() as p:
+        model = build(cfg)
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        p.counter.discard()
+        x = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+        F.cross_entropy(model(x).flatten(0, 1).float(), x.flatten()).backward()
+        opt.step()
+        p.step(tokens=8192)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 30, f"counting an 8B training step took {elapsed:.1f} s"
+    # Weights: forward 2 + backward 4 FLOPs per weight per token. Attention: PyTorch's formula counts
+    # the flash-attention backward as 5 matmuls against the forward's 2.
+    attention = 4.0 * cfg.n_layers * 8192 * 8192 * cfg.dim
+    expected = 3 * (cfg.forward_flops(8192, 8192) - attention) + 3.5 * attention
+    assert p.steps[0].total("flops", "matmul") == pytest.approx(expected, rel=1e-3)
+    p.declare(model=model, layers=cfg.n_layers, hidden=cfg.dim)
+    report = p.project(["trn1.32xlarge", "trn2.48xlarge"], compare=["p5.48xlarge"],
+                       parallel=Parallelism(dp=2, tp=8, microbatches=4))
+    for row in report.rows:
+        assert row["step_s"] > 0 and 0 < row["mfu"] < 1 and row["tokens_per_s"] > 0
+        assert all(v >= 0 for v in row["breakdown"].values())
+    assert report.row("trn1.32xlarge")["usd_per_million_tokens"] > 0
+    text = report.format()
+    assert text.startswith("== " + projection.LABEL) and "assumptions:" in text
+    assert report.to_dict()["label"] == projection.LABEL
+
+
+def test_70b_on_one_core_does_not_fit_and_fits_when_sharded():
+    cfg = LLAMA_CONFIGS["llama3-70b"]
+    hints = ModelHints(params=cfg.num_params(), layers=cfg.n_layers, hidden=cfg.dim)
+    target = get_target("trn1.32xlarge")
+    one = validation.layer_extrapolated_step_time(cfg, 1, 4096, target, Parallelism(), "compiled", hints)
+    assert not one["memory"]["fits"]
+    assert one["memory"]["per_device_bytes"] > 10 * target.hbm_bytes
+    sharded = validation.layer_extrapolated_step_time(cfg, 1, 4096, target, Parallelism(dp=8, tp=32, pp=4),
+                                                      "compiled", hints)
+    assert sharded["memory"]["fits"]
+
+
+def test_layer_extrapolation_equals_full_count():
+    cfg = LlamaConfig(256, 4, 4, 2, 512, 1000)
+    row = validation.Row("small", cfg, "trn1.32xlarge", 1, 4, 2, 2, 2, 64, 128, "seq_per_s", 1.0, "", "")
+    exact = validation.project_row(row, exact=True)
+    extrapolated = validation.project_row(row)
+    assert extrapolated["step_s"] == pytest.approx(exact["step_s"], rel=1e-3)
+    assert extrapolated["memory"]["per_device_bytes"] == pytest.approx(exact["memory"]["per_device_bytes"], rel=0.01)
+
+
+def test_eager_pays_launches_that_compiled_amortizes():
+    with projection.count() as p:
+        _train("neuron", steps=3)
+    eager = p.project(["trn2.48xlarge"], mode="eager").rows[0]
+    compiled = p.project(["trn2.48xlarge"], mode="compiled").rows[0]
+    assert compiled["step_s"] < eager["step_s"]
+    assert compiled["breakdown"]["launch overhead"] < eager["breakdown"]["launch overhead"]
+
+
+def test_collective_cost_is_a_ring():
+    t = get_target("trn1.32xlarge")
+    one_mb = projection.model.collective_time("all_reduce", 1e6, 8, t, across_nodes=False)
+    two_mb = projection.model.collective_time("all_reduce", 2e6, 8, t, across_nodes=False)
+    lat = 2 * 7 * load_hardware()["generations"]["trainium1"]["link_latency_s"][0]
+    assert two_mb - one_mb == pytest.approx(2 * 7 / 8 * 1e6 / t.link_bandwidth)
+    assert one_mb - (one_mb - lat) == pytest.approx(lat)
+    assert projection.model.collective_time("all_reduce", 1e6, 1, t, False) == 0
+
+
+def test_serving_decode_is_memory_bound_and_prefill_compute_bound():
+    from torchneuron.projection.serving import project_serving
+
+    (row,) = project_serving("llama3-8b", ["trn2.48xlarge"], batch=1, prompt=2048, generate=128, tp=4)
+    assert row["decode_breakdown"].get("memory-bound", 0) > row["decode_breakdown"].get("compute:tensor", 0)
+    assert row["prefill_breakdown"]["compute:tensor"] > row["prefill_breakdown"].get("memory-bound", 0)
+    assert row["fits"] and row["prefill_s"] > row["decode_s_per_token"] > 0
+
+
+def test_fake_mode_cannot_follow_data_dependent_shapes():
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    with pytest.raises(DynamicOutputShapeException):
+        with projection.count(fake=True):
+            torch.nonzero(torch.randn(8, device="neuron"))
+
+
+def test_every_hardware_number_has_a_source():
+    hw = load_hardware()
+    sources = hw["sources"]
+    assert all(s["title"] and s["url"] for s in sources.values())
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not key.startswith("_"):
+                    walk(value)
+        elif isinstance(node, list) and len(node) == 2 and isinstance(node[1], str):
+            assert node[1] in sources, node
+
+    walk({k: v for k, v in hw.items() if k != "sources"})
+    for name in projection.targets():
+        rows = get_target(name).sources()
+        assert rows and all(r["source"] and "url" in r for r in rows)
+
+
+def test_validation_errors_do_not_grow_and_calibration_is_reproduced():
+    summary = validation.validate()
+    assert sum(r.calibration for r in validation.ROWS) * 2 <= len(validation.ROWS)
+    for result in summary["results"]:
+        name = result["row"].name
+        assert abs(result["error"]) <= RECORDED_ERRORS[name] + ERROR_SLACK, (name, result["error"])
+    assert summary["median_abs_error"] <= 0.25
+    hw = load_hardware()["generations"]
+    for gen, value in validation.calibrate().items():
+        assert hw[gen]["matmul_efficiency"][0] == pytest.approx(value, abs=0.011), gen
+
+
+def test_cli_projects_an_example_script(tmp_path, capsys):
+    from torchneuron.cli import main
+
+    out = tmp_path / "projection.json"
+    code = main(["project", "--target", "trn2.48xlarge", "--compare", "p5.48xlarge", "--json", str(out),
+                 "examples/train_cnn.py", "--device", "neuron", "--steps", "2"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert projection.LABEL in text and "trn2.48xlarge" in text and "p5.48xlarge" in text
+    data = json.loads(out.read_text())
+    assert data["label"] == projection.LABEL and data["assumptions"]
+    rows = {r["target"]: r for r in data["targets"]}
+    assert set(rows) == {"trn2.48xlarge", "p5.48xlarge"}
+    assert all(r["step_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values())
+    assert data["sources"]["p5.48xlarge"]

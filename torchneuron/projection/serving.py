@@ -1,0 +1,71 @@
+"""Inference projection: prefill (the prompt, compute-bound) and decode (one token at a time,
+bound by reading weights and KV cache) projected separately, with the KV cache in the memory check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+from torchneuron.projection.counting import CountingMode, StepCounts
+from torchneuron.projection.model import ModelHints, Parallelism, get_target, step_time
+from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
+
+logger = logging.getLogger("torchneuron")
+
+
+def count_forward(cfg: LlamaConfig, batch: int, seq: int, cache_len: int = 0) -> StepCounts:
+    """Count one forward of ``batch x seq`` tokens (after ``cache_len`` cached ones) on meta tensors."""
+    with CountingMode() as counter, torch.no_grad():
+        net = build(cfg)
+        counter.discard()
+        tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+        net(tokens, cache_len=cache_len)
+        counter.mark_step(tokens=batch * seq, samples=batch)
+    return counter.completed_steps()[0]
+
+
+def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: int = 1024, generate: int = 256,
+                    tp: int = 1, mode: str = "compiled") -> List[Dict[str, Any]]:
+    """Project serving a Llama-style model: time to first token, time per output token, cost.
+
+    Args:
+        model: name in :data:`LLAMA_CONFIGS` or a config.
+        targets: instance names.
+        batch: concurrent sequences.
+        prompt: prompt tokens per sequence.
+        generate: output tokens per sequence; decode is counted at the mean cache length.
+        tp: tensor-parallel degree (devices per model replica).
+        mode: ``"compiled"`` (default) or ``"eager"``.
+    """
+    cfg = LLAMA_CONFIGS[model] if isinstance(model, str) else model
+    prefill = count_forward(cfg, batch, prompt)
+    decode = count_forward(cfg, batch, 1, cache_len=prompt + generate // 2)
+    hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim, master_bytes=0)
+    kv_bytes = 2 * cfg.n_layers * batch * (prompt + generate) * cfg.n_kv_heads * cfg.head_dim * 2
+    rows = []
+    for name in targets:
+        target = get_target(name)
+        par = Parallelism(tp=tp)
+        tp_pre = step_time([prefill], target, par, mode, hints)
+        tp_dec = step_time([decode], target, par, mode, hints)
+        ttft = tp_pre["step_s"]
+        tpot = tp_dec["step_s"]
+        total_s = ttft + generate * tpot
+        out_tokens_per_s = batch * generate / total_s
+        memory = tp_dec["memory"]["weights"] + kv_bytes / tp + tp_pre["memory"]["activations"]
+        replicas = max(1, target.devices_per_instance // tp)
+        price = target.price_per_hour
+        rows.append({
+            "target": name, "tp": tp, "batch": batch, "prompt": prompt, "generate": generate,
+            "prefill_s": ttft, "decode_s_per_token": tpot, "prefill_breakdown": tp_pre["breakdown"],
+            "decode_breakdown": tp_dec["breakdown"], "output_tokens_per_s_per_replica": out_tokens_per_s,
+            "replicas_per_instance": replicas,
+            "usd_per_million_output_tokens": (price / 3600 / (out_tokens_per_s * replicas) * 1e6) if price else None,
+            "memory_per_device_bytes": memory, "kv_cache_bytes": kv_bytes, "capacity_bytes": target.hbm_bytes,
+            "fits": memory <= target.hbm_bytes,
+        })
+    return rows
