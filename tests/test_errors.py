@@ -141,3 +141,14 @@ def test_many_errors_in_a_row_leak_no_memory(device_works):
     gc.collect()
     assert torch.neuron.memory_allocated() == start
     device_works()
+
+
+@pytest.mark.parametrize("op", ["_flash_attention_forward", "_efficient_attention_forward"])
+def test_op_without_cpu_kernel_names_neuron_and_the_op(op, device_works):
+    q = torch.randn(1, 2, 8, 16, device="neuron")
+    args = {"_flash_attention_forward": (q, q, q, None, None, 8, 8, 0.0, False, False),
+            "_efficient_attention_forward": (q, q, q, None, None, None, None, None, 0.0, 0)}[op]
+    with pytest.raises(NotImplementedError, match=rf"aten::{op} is not implemented for neuron: .* only on meta") as e:
+        getattr(torch.ops.aten, op)(*args)
+    assert "'CPU' backend" not in str(e.value)
+    device_works()

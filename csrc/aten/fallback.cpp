@@ -13,7 +13,9 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace torchneuron {
 namespace {
@@ -244,12 +246,39 @@ class Call {
   bool nested_ = false;  // a nested tensor among the arguments
 };
 
+// An op that reaches the fallback without a CPU kernel (flash attention and other ops PyTorch
+// implements only for GPUs) has nothing to run on the device's memory. Say so, with the devices
+// that have kernels for it, rather than PyTorch's "Could not run ... from the 'CPU' backend".
+[[noreturn]] void failNoCpuKernel(const c10::OperatorHandle& op) {
+  static const std::pair<c10::DispatchKey, const char*> kDevices[] = {
+      {c10::DispatchKey::CUDA, "cuda"}, {c10::DispatchKey::HIP, "hip"},   {c10::DispatchKey::XPU, "xpu"},
+      {c10::DispatchKey::MPS, "mps"},   {c10::DispatchKey::HPU, "hpu"},   {c10::DispatchKey::MTIA, "mtia"},
+      {c10::DispatchKey::Meta, "meta (shapes only)"}};
+  std::string devices;
+  for (const auto& [key, name] : kDevices) {
+    if (!op.hasKernelForDispatchKey(key)) continue;
+    if (!devices.empty()) devices += ", ";
+    devices += name;
+  }
+  const bool attention = op.schema().name().find("attention") != std::string::npos;
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.operator_name(),
+                              " is not implemented for neuron: neuron runs PyTorch's CPU kernels, and PyTorch has "
+                              "no CPU kernel for it; this build of PyTorch has kernels for it only on ",
+                              devices.empty() ? std::string("no device") : devices, ". Use an op that runs on the CPU",
+                              attention ? " (for attention: scaled_dot_product_attention or flex_attention)." : ".");
+}
+
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   Call call(op);
   call.convertArguments(stack);
   {
     DeviceOutputScope scope(call.outputDevice());
-    op.redispatchBoxed(call.cpuKeys(), stack);
+    try {
+      op.redispatchBoxed(call.cpuKeys(), stack);
+    } catch (const c10::NotImplementedError&) {
+      if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) failNoCpuKernel(op);
+      throw;
+    }
   }
   call.reflectWrites();
   call.convertReturns(stack);

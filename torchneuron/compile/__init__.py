@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import _cache, diagnostics
+from . import _cache, diagnostics, flex_attention
 from ._cache import cache_dir
 from .diagnostics import CompileReport, install, report, reset
 
@@ -48,8 +48,9 @@ def backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
 
 
 def _startup() -> None:
-    """Apply the environment at ``import torch``: cache directory and live compile logging."""
+    """Apply the environment at ``import torch``: cache directory, FlexAttention on neuron, live compile logging."""
     _cache.apply()
+    flex_attention.enable()
     if diagnostics._live():
         diagnostics.install()
 

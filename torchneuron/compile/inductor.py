@@ -33,7 +33,11 @@ Neuron kernels also avoid one defect of Inductor's C++ generator (PyTorch
 2.13): a 2-d tiled kernel that scatters with ``atomic_add`` (the gradient of a
 max-pool whose offsets and gradient differ in layout, e.g. channels-last) adds
 the tile offset to the outer loop variable twice and writes to wrong
-addresses. :func:`_tile2d_store` passes that index on unshifted.
+addresses. :func:`_tile2d_store` passes that index on unshifted. And a
+pointwise consumer of a FlexAttention kernel is not fused into the C++
+template, which cannot render it (:meth:`Scheduling.can_fuse_vertical`). A
+neuron ``flex_attention`` is lowered with the CPU's C++ template
+(:mod:`torchneuron.compile.flex_attention`).
 """
 
 from __future__ import annotations
@@ -54,13 +58,14 @@ from torch._inductor import utils as _inductor_utils
 from torch._inductor.codegen import common as _common
 from torch._inductor.codegen import cpp as _cpp
 from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpp_flex_attention_template import CppFlexAttentionTemplate
 from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 
-from . import _cache, _codegen_config, diagnostics
+from . import _cache, _codegen_config, diagnostics, flex_attention
 from .passes import ChannelsLastConvolutions
 
 __all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "register"]
@@ -263,6 +268,19 @@ class Scheduling(CppScheduling):
         with _cpu_codegen():
             return super().codegen_node(node)
 
+    def can_fuse_vertical(self, node1, node2):
+        """The CPU's rule, except that nothing is fused after a FlexAttention kernel.
+
+        PyTorch 2.13 fuses a pointwise consumer into the C++ FlexAttention
+        template (``flex_attention(...).relu()``), whose ``render`` then raises
+        "Unsupported for `epilogue_nodes` in CppFlexAttentionTemplate"; CPU
+        compiles fail that way. Neuron graphs keep the consumer a kernel of its own.
+        """
+        template = node1.get_template_node() if node1.is_template() else None
+        if isinstance(getattr(template, "template", None), CppFlexAttentionTemplate):
+            return False
+        return super().can_fuse_vertical(node1, node2)
+
     def codegen_template(self, *args, **kwargs):  # noqa: D102
         with _cpu_codegen():
             return super().codegen_template(*args, **kwargs)
@@ -425,8 +443,11 @@ def register() -> None:
     """Register Inductor's code generators, device calls and Dynamo's interface for the neuron device (once)."""
     _cache.apply()
     diagnostics.install()
-    with open(__file__, "rb") as source:
-        _codegen_config.codegen_version = hashlib.sha256(source.read()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for path in (__file__, flex_attention.__file__):  # the code generators and the FlexAttention lowering
+        with open(path, "rb") as source:
+            digest.update(source.read())
+    _codegen_config.codegen_version = digest.hexdigest()[:16]
     _codegen_config.vec_isa = str(pick_vec_isa())
     _di.register_interface_for_device(DEVICE, NeuronInterface)
     for i in range(torch.neuron.device_count()):
@@ -440,6 +461,7 @@ def register() -> None:
     _inductor_lowering.get_constant_value = _get_constant_value
     _inductor_lowering._pad_as_cat = _pad_as_cat
     _inductor_lowering._make_reduction_inner = _make_reduction_inner
+    flex_attention.enable_inductor()  # neuron flex_attention: the CPU's C++ template
     for op, lowering in list(_inductor_lowering.lowerings.items()):
         if lowering is _CAT:  # aten.cat and its overloads
             _inductor_lowering.lowerings[op] = _cat

@@ -1,0 +1,211 @@
+"""FlexAttention (``torch.nn.attention.flex_attention``) on the neuron device.
+
+PyTorch 2.13 runs FlexAttention on a list of devices and decides what to do
+with it by asking whether a device is named ``"cpu"``. Three places need an
+answer for neuron; each is listed in :data:`PATCHES`, applied by
+:func:`enable` and :func:`enable_inductor`, and undone by :func:`disable`.
+Each answers differently from PyTorch only for neuron tensors:
+
+* ``torch.nn.attention.flex_attention._validate_device`` rejects devices outside
+  ``{"cuda", "cpu", "xpu", "hpu", "mps"}`` with a ``ValueError``; it accepts
+  neuron tensors, with autograd (on the CPU, 2.13 refuses inputs that require grad).
+* The operator ``torch.ops.higher_order.flex_attention`` gets a kernel for
+  neuron's autograd key (``DispatchKey.AutogradPrivateUse1``, through the
+  operator's own ``py_impl`` registry). When the log-sum-exp is needed (inputs
+  that require grad, ``return_aux``/``return_lse``, or grad mode on), it runs
+  PyTorch's dense implementation of the operator (``sdpa_dense``, what eager
+  CUDA runs) as ordinary differentiable ops: autograd derives the backward
+  pass eagerly, and under ``torch.compile`` AOTAutograd traces these ops, so
+  Inductor generates the forward and backward kernels like any other. Otherwise
+  it defers to PyTorch's kernel.
+* Inductor's lowering of the operator sends CPU inputs to the CPU's C++ template
+  (``lower_cpu``) and every other device to the Triton template. Neuron inputs
+  get the C++ template: a compiled ``flex_attention`` that needs no
+  log-sum-exp (``torch.no_grad()``, ``torch.inference_mode()``) is one fused C++
+  kernel on device memory, the CPU's kernel, which uses the block mask's sparsity.
+
+:func:`enable` runs at ``import torchneuron``; :func:`enable_inductor` when
+Inductor is registered for the device (the first compile).
+
+Example::
+
+    >>> from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+    >>> mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 128, 128, device="neuron")
+    >>> out = flex_attention(q, k, v, block_mask=mask)                     # eager, autograd works
+    >>> out = torch.compile(flex_attention)(q, k, v, block_mask=mask)      # training: generated kernels
+    >>> with torch.no_grad():
+    ...     out = torch.compile(flex_attention)(q, k, v, block_mask=mask)  # the CPU's C++ template
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["PATCHES", "Patch", "disable", "enable", "enable_inductor", "is_enabled"]
+
+log = logging.getLogger("torchneuron")
+
+DEVICE = "neuron"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One attribute replaced for neuron tensors.
+
+    Args:
+        target: the dotted name of the replaced attribute.
+        what: what the replacement does.
+    """
+
+    target: str
+    what: str
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("torch.nn.attention.flex_attention._validate_device",
+          "accepts neuron tensors, with autograd (eager runs PyTorch's dense implementation); "
+          "other devices get PyTorch's check"),
+    Patch("torch.ops.higher_order.flex_attention.py_kernels[DispatchKey.AutogradPrivateUse1]",
+          "a neuron flex_attention that needs the log-sum-exp runs PyTorch's dense implementation as "
+          "differentiable ops (eager and compiled training); otherwise PyTorch's autograd kernel"),
+    Patch("torch._inductor.lowering.lowerings[torch.ops.higher_order.flex_attention]",
+          "lowers a neuron flex_attention with the CPU's C++ template (output only, as on the CPU); "
+          "other devices get PyTorch's lowering"),
+)
+
+_lock = threading.RLock()
+_saved: list[tuple[Any, Any, Any]] = []  # (container, key, original), in the order applied
+_inductor_applied = False
+
+
+def _set(container: Any, key: Any, value: Any) -> None:
+    if isinstance(container, (dict, _HopKernel)):
+        container[key] = value
+    else:
+        setattr(container, key, value)
+
+
+def _replace(container: Any, key: Any, build: Callable[[Any], Any]) -> None:
+    original = container[key] if isinstance(container, dict) else getattr(container, key)
+    _set(container, key, build(original))
+    _saved.append((container, key, original))
+
+
+def _validate_device(original: Callable[..., None]) -> Callable[..., None]:
+    def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if query.device.type == DEVICE:
+            return  # q, k and v are on one device (checked before); autograd runs the dense backward
+        original(query, key, value)
+
+    validate_device.__wrapped__ = original  # type: ignore[attr-defined]
+    validate_device.__doc__ = f"``{original.__module__}._validate_device``, accepting neuron tensors."
+    return validate_device
+
+
+def _lowering(original: Callable[..., Any]) -> Callable[..., Any]:
+    from torch._inductor.kernel.flex.flex_cpu import lower_cpu
+
+    def flex_attention(query, key, value, subgraph, block_mask, scale, kernel_options, *other_buffers):
+        if query.get_device().type != DEVICE:
+            return original(query, key, value, subgraph, block_mask, scale, kernel_options, *other_buffers)
+        if kernel_options.get("OUTPUT_LOGSUMEXP") or kernel_options.get("OUTPUT_MAX"):
+            # The autograd kernel above turns such calls into dense ops before they reach Inductor.
+            raise NotImplementedError(
+                "flex_attention on neuron: Inductor's C++ template computes the attention output only, and this "
+                "graph asks for the log-sum-exp; it reached Inductor without passing neuron's autograd kernel "
+                "(is torchneuron.compile.flex_attention disabled?).")
+        return lower_cpu(query, key, value, subgraph, block_mask, scale, kernel_options, *other_buffers)
+
+    flex_attention.__wrapped__ = original  # type: ignore[attr-defined]
+    return flex_attention
+
+
+def _autograd_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
+    from torch._higher_order_ops.flex_attention import sdpa_dense
+
+    def flex_attention_autograd_neuron(query, key, value, score_mod, block_mask, scale, kernel_options,
+                                       score_mod_other_buffers=(), mask_mod_other_buffers=()):
+        if not kernel_options.get("OUTPUT_LOGSUMEXP") and not kernel_options.get("OUTPUT_MAX"):
+            return original(query, key, value, score_mod, block_mask, scale, kernel_options,
+                            score_mod_other_buffers, mask_mod_other_buffers)
+        from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex  # Dynamo: not at import
+
+        with TransformGetItemToIndex():
+            return sdpa_dense(query, key, value, score_mod, block_mask, scale, kernel_options,
+                              score_mod_other_buffers, mask_mod_other_buffers)
+
+    flex_attention_autograd_neuron.__wrapped__ = original  # type: ignore[attr-defined]
+    return flex_attention_autograd_neuron
+
+
+class _HopKernel:
+    """``op.py_kernels[key]`` as a patchable container (the operator caches its dispatch: cleared on change)."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.op.py_kernels.get(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.op.py_kernels.pop(key, None)
+        else:
+            self.op.py_kernels[key] = value
+        self.op._dispatch_cache.clear()
+
+
+def enable() -> None:
+    """Run ``flex_attention`` on neuron tensors, eagerly and through AOTAutograd (the first two :data:`PATCHES`).
+
+    Idempotent.
+    """
+    from torch._C import DispatchKey
+    from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_autograd
+    from torch.nn.attention import flex_attention as fa
+
+    with _lock:
+        if any(container is fa and key == "_validate_device" for container, key, _ in _saved):
+            return
+        _replace(fa, "_validate_device", _validate_device)
+        key = DispatchKey.AutogradPrivateUse1
+        _replace(flex_attention, "non_fallthrough_keys", lambda keys: keys.add(key))  # dispatch reaches the key
+        kernels = _HopKernel(flex_attention)
+        original = kernels[key]
+        kernels[key] = _autograd_kernel(original if original is not None else flex_attention_autograd)
+        _saved.append((kernels, key, original))
+
+
+def enable_inductor() -> None:
+    """Lower neuron ``flex_attention`` with the CPU's C++ template (the last entry of :data:`PATCHES`).
+
+    Called when Inductor is registered for the device; idempotent.
+    """
+    global _inductor_applied
+    from torch._inductor import lowering
+
+    with _lock:
+        if _inductor_applied:
+            return
+        _replace(lowering.lowerings, torch.ops.higher_order.flex_attention, _lowering)
+        _inductor_applied = True
+
+
+def is_enabled() -> bool:
+    """Whether any entry of :data:`PATCHES` is applied."""
+    return bool(_saved)
+
+
+def disable() -> None:
+    """Put back every replaced attribute, last applied first."""
+    global _inductor_applied
+    with _lock:
+        while _saved:
+            container, key, original = _saved.pop()
+            _set(container, key, original)
+        _inductor_applied = False
