@@ -166,9 +166,16 @@ def enable() -> None:
     Idempotent.
     """
     from torch._C import DispatchKey
-    from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_autograd
     from torch.nn.attention import flex_attention as fa
 
+    try:
+        from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_autograd
+    except ImportError:  # another PyTorch: leave FlexAttention as it is rather than fail at import
+        log.debug("FlexAttention on neuron: torch._higher_order_ops.flex_attention differs, not enabled")
+        return
+    if not hasattr(fa, "_validate_device"):
+        log.debug("FlexAttention on neuron: no _validate_device in torch.nn.attention.flex_attention, not enabled")
+        return
     with _lock:
         if any(container is fa and key == "_validate_device" for container, key, _ in _saved):
             return
