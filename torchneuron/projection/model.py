@@ -7,8 +7,9 @@ tensor engine, elementwise and reductions on the vector engine, transcendentals 
 (activation) engine, gather/scatter and copies as DMA (memory only), sort on the GPSIMD cores.
 Eager execution pays a launch cost per op; compiled execution fuses each run of consecutive
 non-matmul ops into one kernel (reads of its first op, writes of its last) and pays a smaller
-cost per kernel. Collectives are rings: all-reduce moves ``2(n-1)/n·bytes`` over the link
-bandwidth and pays a latency per hop; all-gather and reduce-scatter half that.
+cost per kernel. Collectives move a ring's bytes (all-reduce ``2(n-1)/n·bytes`` over the link
+bandwidth; all-gather and reduce-scatter half that) and pay a latency per hop of recursive
+halving/doubling (``log2 n`` hops each way).
 
 Parallelism applies to the counted single-device step: tensor (Megatron) and pipeline parallel
 split the model's kernels across ``tp·pp`` devices (launches split by ``pp`` only), data
@@ -248,16 +249,22 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
 
 
 def collective_time(kind: str, nbytes: float, group: int, target: Target, across_nodes: bool) -> float:
-    """Seconds for one ring collective of ``nbytes`` per rank over ``group`` ranks."""
+    """Seconds for one collective of ``nbytes`` per rank over ``group`` ranks.
+
+    Bandwidth term of a ring (all-reduce ``2(n-1)/n·bytes``, all-gather and reduce-scatter
+    ``(n-1)/n·bytes``); latency of recursive halving/doubling, ``log2(n)`` hops each way, which is
+    what collective libraries switch to when messages are small.
+    """
     if group <= 1 or nbytes <= 0:
         return 0.0
     bw = target.network_bandwidth if across_nodes else target.link_bandwidth
     lat = float(_val(target.gen["network_latency_s" if across_nodes else "link_latency_s"]))
     n = group
+    hops = math.ceil(math.log2(n))
     if kind == "all_reduce":
-        return 2.0 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+        return 2.0 * (n - 1) / n * nbytes / bw + 2 * hops * lat
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n * nbytes / bw + (n - 1) * lat
+        return (n - 1) / n * nbytes / bw + hops * lat
     return nbytes / bw + lat
 
 

@@ -30,7 +30,8 @@ ASSUMPTIONS = [
     "+ a fixed cost per op (eager) or per fused kernel (compiled: consecutive non-matmul ops fuse).",
     "Tensor/pipeline parallel split each kernel's time over tp*pp devices; pipeline bubble (pp-1)/microbatches; "
     "data-parallel gradients synchronised by a ring all-reduce not overlapped with compute; ZeRO-1 shards the optimizer.",
-    "Collectives: ring, 2(n-1)/n*bytes/bandwidth + latency per hop; NeuronLink/NVLink inside an instance, EFA across.",
+    "Collectives: ring bandwidth, 2(n-1)/n*bytes/bandwidth for all-reduce, plus a latency per hop of "
+    "recursive halving/doubling (2*log2(n) hops); NeuronLink/NVLink inside an instance, EFA across.",
     "Memory per device = weights + gradients + optimizer state (fp32 master + 2 moments, sharded by ZeRO-1) "
     "+ counted activation peak / tp; no activation checkpointing or offload.",
     "Prices are on-demand list prices where a source was found (see hardware.json; some are unverified).",

@@ -5,6 +5,7 @@ bound by reading weights and KV cache) projected separately, with the KV cache i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Dict, List, Sequence
 
@@ -17,6 +18,7 @@ from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
 logger = logging.getLogger("torchneuron")
 
 
+@functools.lru_cache(maxsize=None)
 def count_forward(cfg: LlamaConfig, batch: int, seq: int, cache_len: int = 0) -> StepCounts:
     """Count one forward of ``batch x seq`` tokens (after ``cache_len`` cached ones) on meta tensors."""
     with CountingMode() as counter, torch.no_grad():
@@ -29,7 +31,7 @@ def count_forward(cfg: LlamaConfig, batch: int, seq: int, cache_len: int = 0) ->
 
 
 def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: int = 1024, generate: int = 256,
-                    tp: int = 1, mode: str = "compiled") -> List[Dict[str, Any]]:
+                    tp: int = 1, mode: str = "compiled", exact: bool = False) -> List[Dict[str, Any]]:
     """Project serving a Llama-style model: time to first token, time per output token, cost.
 
     Args:
@@ -40,18 +42,27 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
         generate: output tokens per sequence; decode is counted at the mean cache length.
         tp: tensor-parallel degree (devices per model replica).
         mode: ``"compiled"`` (default) or ``"eager"``.
+        exact: count every layer instead of extrapolating from one and two layers.
     """
+    from torchneuron.projection.validation import extrapolate_layers
+
     cfg = LLAMA_CONFIGS[model] if isinstance(model, str) else model
-    prefill = count_forward(cfg, batch, prompt)
-    decode = count_forward(cfg, batch, 1, cache_len=prompt + generate // 2)
+    cache = prompt + generate // 2
     hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim, master_bytes=0)
     kv_bytes = 2 * cfg.n_layers * batch * (prompt + generate) * cfg.n_kv_heads * cfg.head_dim * 2
     rows = []
     for name in targets:
         target = get_target(name)
         par = Parallelism(tp=tp)
-        tp_pre = step_time([prefill], target, par, mode, hints)
-        tp_dec = step_time([decode], target, par, mode, hints)
+        if exact:
+            tp_pre = step_time([count_forward(cfg, batch, prompt)], target, par, mode, hints)
+            tp_dec = step_time([count_forward(cfg, batch, 1, cache)], target, par, mode, hints)
+        else:
+            small = [dataclasses.replace(cfg, n_layers=n) for n in (1, 2)]
+            tp_pre = extrapolate_layers(*(step_time([count_forward(c, batch, prompt)], target, par, mode, hints)
+                                          for c in small), cfg.n_layers)
+            tp_dec = extrapolate_layers(*(step_time([count_forward(c, batch, 1, cache)], target, par, mode, hints)
+                                          for c in small), cfg.n_layers)
         ttft = tp_pre["step_s"]
         tpot = tp_dec["step_s"]
         total_s = ttft + generate * tpot

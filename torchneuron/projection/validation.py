@@ -32,6 +32,11 @@ _TRN1_ENCODER = ("AWS Neuron performance: Trn1 training, encoder models (aws-neu
 _TRN1_VIT = ("AWS Neuron performance: Trn1 training, vision transformers (aws-neuron/aws-neuron-sdk "
              "general/benchmarks/trn1/training_data_vision_transformers.csv, Neuron 2.16)")
 _TRN1_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/benchmarks/trn1/trn1-training-performance.html"
+_TRN1_DECODER_224 = ("AWS Neuron performance: Trn1 training, decoder models (aws-neuron/aws-neuron-sdk "
+                     "about-neuron/benchmarks/trn1/training_data_decoder.csv, Neuron 2.24)")
+_TRN1_INFER = ("AWS Neuron performance: Trn1 inference, decoder models, latency-optimized (aws-neuron/aws-neuron-sdk "
+               "about-neuron/benchmarks/trn1/latency_data_decoder.csv, Transformers NeuronX, Neuron 2.18); P50 values")
+_TRN1_INFER_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/benchmarks/trn1/trn1-inference-performance.html"
 _MEGATRON = ("NVIDIA/Megatron-LM README, 'Training Speed and Scalability': GPT-3 175B (vocab 131072, seq 4096, "
              "batch 1152) strong-scaled on H100, MFU 47% at 96 GPUs and 42% at 4608 GPUs")
 _MEGATRON_URL = "https://github.com/NVIDIA/Megatron-LM#training-speed-and-scalability"
@@ -50,11 +55,13 @@ class Row:
         microbatch: sequences per microbatch.
         global_batch: sequences per optimizer step.
         seq: sequence length (tokens per sequence).
-        metric: ``"seq_per_s"`` (global throughput) or ``"mfu"``.
+        metric: ``"seq_per_s"`` (global training throughput), ``"mfu"``, or for serving rows
+            ``"tpot_ms"`` (time per output token) and ``"ttft_ms"`` (time to first token).
         value: the published number.
         source: document title, url: its address.
         calibration: whether the row fixed a generation parameter.
         note: what the published configuration adds that the count does not model.
+        prompt, generate: serving rows: input and output tokens per sequence.
     """
 
     name: str
@@ -73,6 +80,8 @@ class Row:
     url: str
     calibration: bool = False
     note: str = ""
+    prompt: int = 0
+    generate: int = 0
 
     @property
     def microbatches(self) -> int:
@@ -94,6 +103,20 @@ ROWS: List[Row] = [
         3697.71, _TRN1_ENCODER, _TRN1_URL, note="AdamW; 32 data-parallel NeuronCores"),
     Row("ViT-Base fine-tune, 1 node, BF16+SR", "vit-base", "trn1.32xlarge", 1, 32, 1, 1, 64, 2048, 197, "seq_per_s",
         5232.78, _TRN1_VIT, _TRN1_URL, note="224x224 images = 197 tokens; patch embedding as a matmul"),
+    Row("Llama-3.1-8B, NxD, BF16, seq 8192", "llama3-8b", "trn1.32xlarge", 32, 32, 32, 1, 1, 1024, 8192, "seq_per_s",
+        47.95, _TRN1_DECODER_224, _TRN1_URL, calibration=True, note="ZeRO-1; FP32 optimizer"),
+    Row("Llama-3.1-70B, NxD, BF16, seq 8192", "llama3-70b", "trn1.32xlarge", 32, 4, 32, 8, 1, 1024, 8192, "seq_per_s",
+        7.94, _TRN1_DECODER_224, _TRN1_URL, note="FP32 optimizer"),
+    Row("Llama-2-7b decode, TP32, batch 1", "llama2-7b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "tpot_ms", 6.70,
+        _TRN1_INFER, _TRN1_INFER_URL, prompt=128, generate=8064),
+    Row("Llama-2-13b decode, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "tpot_ms", 9.84,
+        _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096),
+    Row("Llama-2-70b decode, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 2048, "tpot_ms", 26.04,
+        _TRN1_INFER, _TRN1_INFER_URL, calibration=True, prompt=1024, generate=1024),
+    Row("Llama-2-13b prefill 4096, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "ttft_ms",
+        864.1, _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096),
+    Row("Llama-2-70b prefill 2048, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 4096, "ttft_ms",
+        690.96, _TRN1_INFER, _TRN1_INFER_URL, prompt=2048, generate=2048),
     Row("GPT-3 175B, Megatron-LM, 96 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 12, 3, 4, 8, 1, 1152, 4096, "mfu", 0.47,
         _MEGATRON, _MEGATRON_URL, calibration=True, note="TP=4 PP=8 assumed (the README's table is an image)"),
     Row("GPT-3 175B, Megatron-LM, 4608 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 576, 144, 4, 8, 1, 1152, 4096, "mfu",
@@ -133,7 +156,12 @@ def layer_extrapolated_step_time(cfg: LlamaConfig, microbatch: int, seq: int, ta
     two = dataclasses.replace(cfg, n_layers=2)
     t1 = step_time([count_training_microbatch(one, microbatch, seq)], target, par, mode, hints)
     t2 = step_time([count_training_microbatch(two, microbatch, seq)], target, par, mode, hints)
-    n = cfg.n_layers - 1
+    return extrapolate_layers(t1, t2, cfg.n_layers)
+
+
+def extrapolate_layers(t1: Dict[str, Any], t2: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
+    """Combine :func:`step_time` results of 1- and 2-layer counts into the ``n_layers`` result."""
+    n = n_layers - 1
 
     def ext(a: float, b: float) -> float:
         return a + n * (b - a)
@@ -161,6 +189,16 @@ def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[s
         exact: count every layer instead of extrapolating from one and two layers.
     """
     cfg = LLAMA_CONFIGS[row.model] if isinstance(row.model, str) else row.model
+    if row.metric in ("tpot_ms", "ttft_ms"):
+        from torchneuron.projection.serving import project_serving
+
+        (s,) = project_serving(cfg, [row.target], batch=row.microbatch, prompt=row.prompt, generate=row.generate,
+                               tp=row.tp, mode=mode, exact=exact)
+        seconds = s["decode_s_per_token"] if row.metric == "tpot_ms" else s["prefill_s"]
+        projected = seconds * 1e3
+        return {"row": row, "projected": projected, "published": row.value, "error": projected / row.value - 1.0,
+                "step_s": seconds, "breakdown": s["decode_breakdown" if row.metric == "tpot_ms" else "prefill_breakdown"],
+                "memory": {"per_device_bytes": s["memory_per_device_bytes"], "fits": s["fits"]}}
     target = get_target(row.target)
     par = Parallelism(dp=row.dp, tp=row.tp, pp=row.pp, microbatches=row.microbatches, nodes=row.nodes)
     hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim)
@@ -192,18 +230,21 @@ def markdown_table(summary: Dict[str, Any]) -> str:
     for r in summary["results"]:
         row = r["row"]
         fmt = (lambda v: f"{v * 100:.1f}%") if row.metric == "mfu" else (lambda v: f"{v:,.2f}")
+        batch = (f"{row.microbatch}/{row.global_batch}" if row.metric in ("seq_per_s", "mfu")
+                 else f"{row.microbatch}, in {row.prompt} out {row.generate}")
         lines.append(f"| {row.name} | {row.target} | {row.nodes} | {row.dp}/{row.tp}/{row.pp} | "
-                     f"{row.microbatch}/{row.global_batch} | {row.seq} | {row.metric} | {fmt(row.value)} | "
+                     f"{batch} | {row.seq} | {row.metric} | {fmt(row.value)} | "
                      f"{fmt(r['projected'])} | {r['error'] * 100:+.1f}% | "
                      f"{'calibration' if row.calibration else 'validation'} |")
     return "\n".join(lines)
 
 
 def calibrate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[str, float]:
-    """Fit each generation's ``matmul_efficiency`` to its calibration rows (least squares in log error).
+    """Fit each generation's parameters to its calibration rows (least squares in log error).
 
-    Returns the fitted value per generation; ``hardware.json`` holds them rounded to 0.01. The
-    hardware data is restored afterwards.
+    Training rows fit ``matmul_efficiency``; serving (decode) rows fit ``link_latency_s`` (in
+    microseconds, after the efficiency). Returns ``{"<generation>.<parameter>": value}``;
+    ``hardware.json`` holds them rounded. The hardware data is restored afterwards.
     """
     import math
 
@@ -216,15 +257,25 @@ def calibrate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[
     for r in rows:
         by_gen.setdefault(get_target(r.target).chip["generation"], []).append(r)
     for gen, gen_rows in by_gen.items():
-        entry = hw["generations"][gen]["matmul_efficiency"]
-        original = entry[0]
-        best = (float("inf"), original)
+        plan = [("matmul_efficiency", [r for r in gen_rows if r.metric in ("seq_per_s", "mfu")],
+                 [i / 100 for i in range(20, 101)]),
+                ("link_latency_s", [r for r in gen_rows if r.metric in ("tpot_ms", "ttft_ms")],
+                 [i * 1e-6 for i in range(1, 101)])]
+        originals = {param: hw["generations"][gen][param][0] for param, _, _ in plan}
         try:
-            for i in range(20, 101):
-                entry[0] = i / 100
-                loss = sum(math.log(project_row(r, mode)["projected"] / r.value) ** 2 for r in gen_rows)
-                best = min(best, (loss, entry[0]))
+            for _ in range(2):  # alternate: each parameter refitted with the other's fitted value
+                for param, param_rows, grid in plan:
+                    if not param_rows:
+                        continue
+                    entry = hw["generations"][gen][param]
+                    best = (float("inf"), entry[0])
+                    for value in grid:
+                        entry[0] = value
+                        loss = sum(math.log(project_row(r, mode)["projected"] / r.value) ** 2 for r in param_rows)
+                        best = min(best, (loss, value))
+                    entry[0] = best[1]
+                    fitted[f"{gen}.{param}"] = best[1]
         finally:
-            entry[0] = original
-        fitted[gen] = best[1]
+            for param, value in originals.items():
+                hw["generations"][gen][param][0] = value
     return fitted
