@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from torchneuron import projection
 from torchneuron.projection import counting, validation
-from torchneuron.projection.model import ModelHints, Parallelism, get_target, load_hardware, step_time
+from torchneuron.projection.model import ModelHints, Parallelism, get_target, load_hardware
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
 
 # |error| of each validation row when last recorded in docs/projection.md; a row may not get worse

@@ -202,14 +202,14 @@ class Report:
                  f"zero1={p['zero1']}; mode={self.mode}"]
         if self.stopped:
             lines.append(f"note: {self.stopped}")
-        head = f"{'target':<18}{'role':<8}{'step':>11}{'MFU':>7}{'tokens/s':>12}{'samples/s':>11}{'$/hour':>9}{'$/Mtok':>9}{'work/$':>8}  memory/device"
+        head = f"{'target':<18}{'role':<8}{'step':>11}{'MFU':>7}{'tokens/s':>12}{'samples/s':>11}{'$/hour':>11}{'$/Mtok':>9}{'work/$':>8}  memory/device"
         lines += ["", head, "-" * len(head)]
         for r in self.rows:
             mem = r["memory"]
             lines.append(
                 f"{r['target']:<18}{r['role']:<8}{_time(r['step_s']):>11}{_pct(r['mfu']):>7}"
                 f"{_num(r['tokens_per_s']):>12}{_num(r['samples_per_s']):>11}"
-                f"{_money(r['usd_per_hour'], r['price_verified']):>9}{_money(r['usd_per_million_tokens'], True):>9}"
+                f"{_money(r['usd_per_hour'], r['price_verified']):>11}{_money(r['usd_per_million_tokens'], True):>9}"
                 f"{_ratio(r['work_per_dollar_vs_first']):>8}  "
                 f"{_bytes(mem['per_device_bytes'])} of {_bytes(mem['capacity_bytes'])} "
                 f"{'fits' if mem['fits'] else 'does not fit'}")
