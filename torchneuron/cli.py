@@ -139,7 +139,10 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-per-step", type=int, default=0, help="tokens per counted step, if the script does not say")
     parser.add_argument("--samples-per-step", type=int, default=0, help="samples per counted step, if the script does not say")
     parser.add_argument("--list-targets", action="store_true", help="print the known instances and exit")
-    _add_script_arguments(parser)
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    parser.add_argument("script", nargs="?", help="the Python program to run")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="its arguments (after `--`, all of them, even ones named like ours)")
 
 
 def _run_project(args: argparse.Namespace) -> int:
@@ -154,6 +157,9 @@ def _run_project(args: argparse.Namespace) -> int:
             t = projection.get_target(name)
             print(f"{name:<18} {t.devices_per_instance:>3} x {t.chip['device_name']}")
         return 0
+    if not args.script:
+        print("torchneuron project: a script to run is required (or --list-targets)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     names = [n for n in args.target.split(",") if n]
     compare = [n for n in args.compare.split(",") if n]

@@ -195,7 +195,7 @@ class Report:
         p = self.parallel
         lines = [f"== {LABEL} ==",
                  f"counted per step ({'fake/meta tensors, nothing computed' if self.fake else 'real run'}, {c['steps']} step(s) averaged): "
-                 f"{c['flops'] / 1e9:,.3f} GFLOP, {c['bytes'] / 1e6:,.1f} MB moved, {c['ops']:,.0f} ops"
+                 f"{c['flops'] / 1e9:,.3f} GFLOP, {_bytes(c['bytes'])} moved, {c['ops']:,.0f} ops"
                  + (f", {c['tokens']:,.0f} tokens" if c.get("tokens") else "")
                  + (f", {c['samples']:,.0f} samples" if c.get("samples") else ""),
                  f"parallelism: dp={p['dp']} tp={p['tp']} pp={p['pp']} microbatches={p['microbatches']} "
