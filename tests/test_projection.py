@@ -31,6 +31,8 @@ RECORDED_ERRORS = {
     "Llama-2-70b decode, TP32, batch 1": 0.012,
     "Llama-2-13b prefill 4096, TP32, batch 1": 0.822,
     "Llama-2-70b prefill 2048, TP32, batch 1": 0.521,
+    "Llama-3.3-70B decode, trn2, TP64, batch 1": 0.091,
+    "Llama-3.3-70B prefill 10000, trn2, TP64, batch 1": 0.099,
     "GPT-3 175B, Megatron-LM, 96 H100": 0.004,
     "GPT-3 175B, Megatron-LM, 4608 H100": 0.452,
 }

@@ -37,6 +37,12 @@ _TRN1_DECODER_224 = ("AWS Neuron performance: Trn1 training, decoder models (aws
 _TRN1_INFER = ("AWS Neuron performance: Trn1 inference, decoder models, latency-optimized (aws-neuron/aws-neuron-sdk "
                "about-neuron/benchmarks/trn1/latency_data_decoder.csv, Transformers NeuronX, Neuron 2.18); P50 values")
 _TRN1_INFER_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/benchmarks/trn1/trn1-inference-performance.html"
+_TRN2_INFER = ("AWS Neuron documentation, 'Tutorial: Using Speculative Decoding to improve Llama-3.3-70B inference "
+               "performance on Trn2 instances', scenario 1 (no speculation; NxD Inference with vLLM, bf16, TP=64 at LNC=2, "
+               "attention/MLP/QKV kernels, sequence parallel), sample LLMPerf output, P50 (aws-neuron/aws-neuron-sdk "
+               "libraries/nxd-inference/tutorials/trn2-llama3.3-70b-tutorial.rst)")
+_TRN2_INFER_URL = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/tutorials/"
+                   "trn2-llama3.3-70b-tutorial.html")
 _MEGATRON = ("NVIDIA/Megatron-LM README, 'Training Speed and Scalability': GPT-3 175B (vocab 131072, seq 4096, "
              "batch 1152) strong-scaled on H100, MFU 47% at 96 GPUs and 42% at 4608 GPUs")
 _MEGATRON_URL = "https://github.com/NVIDIA/Megatron-LM#training-speed-and-scalability"
@@ -117,6 +123,10 @@ ROWS: List[Row] = [
         864.1, _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096),
     Row("Llama-2-70b prefill 2048, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 4096, "ttft_ms",
         690.96, _TRN1_INFER, _TRN1_INFER_URL, prompt=2048, generate=2048),
+    Row("Llama-3.3-70B decode, trn2, TP64, batch 1", "llama3-70b", "trn2.48xlarge", 1, 1, 64, 1, 1, 1, 12800,
+        "tpot_ms", 19.83, _TRN2_INFER, _TRN2_INFER_URL, prompt=10000, generate=1500),
+    Row("Llama-3.3-70B prefill 10000, trn2, TP64, batch 1", "llama3-70b", "trn2.48xlarge", 1, 1, 64, 1, 1, 1, 12800,
+        "ttft_ms", 575.7, _TRN2_INFER, _TRN2_INFER_URL, prompt=10000, generate=1500),
     Row("GPT-3 175B, Megatron-LM, 96 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 12, 3, 4, 8, 1, 1152, 4096, "mfu", 0.47,
         _MEGATRON, _MEGATRON_URL, calibration=True, note="TP=4 PP=8 assumed (the README's table is an image)"),
     Row("GPT-3 175B, Megatron-LM, 4608 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 576, 144, 4, 8, 1, 1152, 4096, "mfu",
