@@ -228,7 +228,7 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
     from torchneuron.cli import main
 
     out = tmp_path / "projection.json"
-    code = main(["project", "--target", "trn2.48xlarge", "--compare", "p5.48xlarge", "--json", str(out),
+    code = main(["project", "--target", "trn2.48xlarge", "--compare", "p5.48xlarge@dp=8", "--json", str(out),
                  "examples/train_cnn.py", "--device", "neuron", "--steps", "2"])
     assert code == 0
     text = capsys.readouterr().out
@@ -238,4 +238,5 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
     rows = {r["target"]: r for r in data["targets"]}
     assert set(rows) == {"trn2.48xlarge", "p5.48xlarge"}
     assert all(r["step_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values())
+    assert rows["p5.48xlarge"]["parallel"]["dp"] == 8 and rows["trn2.48xlarge"]["parallel"]["dp"] == 1
     assert data["sources"]["p5.48xlarge"]

@@ -120,9 +120,11 @@ def _run_parity(args: argparse.Namespace) -> int:
 def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of the ``project`` subcommand."""
     parser.add_argument("--target", default="trn1.32xlarge,trn2.48xlarge",
-                        help="instances to project on, comma-separated (default: trn1.32xlarge,trn2.48xlarge)")
+                        help="instances to project on, comma-separated (default: trn1.32xlarge,trn2.48xlarge); "
+                             "NAME@tp=8:pp=2 gives one its own parallelism")
     parser.add_argument("--compare", default="p5.48xlarge",
-                        help="instances to compare with, comma-separated (default: p5.48xlarge; '' for none)")
+                        help="instances to compare with, comma-separated (default: p5.48xlarge; '' for none); "
+                             "NAME@tp=8:pp=2 as for --target")
     parser.add_argument("--fake", action="store_true",
                         help="run on fake tensors: nothing computed or allocated, values read back are 1")
     parser.add_argument("--mode", choices=("eager", "compiled"), default="eager",
@@ -161,19 +163,31 @@ def _run_project(args: argparse.Namespace) -> int:
         print("torchneuron project: a script to run is required (or --list-targets)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    names = [n for n in args.target.split(",") if n]
-    compare = [n for n in args.compare.split(",") if n]
-    for name in names + compare:
+    parallel = projection.Parallelism(dp=args.dp, tp=args.tp, pp=args.pp, microbatches=args.microbatches,
+                                      zero1=args.zero1, nodes=args.nodes)
+    per_target = {}
+
+    def parse(spec: str) -> str:
+        name, _, options = spec.partition("@")
         projection.get_target(name)  # unknown names fail before the script runs
+        fields = dict(vars(parallel))
+        for item in filter(None, options.split(":")):
+            key, _, value = item.partition("=")
+            if key not in ("dp", "tp", "pp", "microbatches", "nodes"):
+                raise SystemExit(f"torchneuron project: unknown option {key!r} in {spec!r} (dp, tp, pp, microbatches, nodes)")
+            fields[key] = int(value)
+        per_target[name] = projection.Parallelism(**fields)
+        return name
+
+    names = [parse(n) for n in args.target.split(",") if n]
+    compare = [parse(n) for n in args.compare.split(",") if n]
     proj = projection.run_script(args.script, args.script_args, fake=args.fake)
     if args.tokens_per_step or args.samples_per_step:
         for step in proj.steps:
             step.tokens = step.tokens or args.tokens_per_step
             step.samples = step.samples or args.samples_per_step
     proj.declare(layers=args.layers, hidden=args.hidden)
-    parallel = projection.Parallelism(dp=args.dp, tp=args.tp, pp=args.pp, microbatches=args.microbatches,
-                                      zero1=args.zero1, nodes=args.nodes)
-    report = proj.project(names, compare=compare, parallel=parallel, mode=args.mode)
+    report = proj.project(names, compare=compare, parallel=per_target, mode=args.mode)
     print(report.format())
     print(f"(counted {len(proj.steps)} step(s) in {proj.wall_s:.1f} s)")
     if args.json:

@@ -12,7 +12,7 @@ import runpy
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -96,14 +96,16 @@ class Projection:
     def steps(self) -> List[C.StepCounts]:
         return self.counter.completed_steps()
 
-    def project(self, targets: Sequence[str], compare: Sequence[str] = (), parallel: Optional[Parallelism] = None,
+    def project(self, targets: Sequence[str], compare: Sequence[str] = (),
+                parallel: Union[Parallelism, Mapping[str, Parallelism], None] = None,
                 mode: str = "compiled", skip_first: bool = True) -> "Report":
         """Project the counted steps on each target and comparison.
 
         Args:
             targets: instance names to project on (Trainium, typically).
             compare: instance names to compare with (GPUs, typically).
-            parallel: parallelism; one device by default.
+            parallel: parallelism for every target, or a mapping from instance name to its own
+                (missing names get one device); one device by default.
             mode: ``"eager"`` or ``"compiled"``.
             skip_first: leave out the first step when there are more (warm-up, lazy optimizer state).
         """
@@ -116,16 +118,27 @@ class Projection:
         if not hints.params and self.counter.params:
             hints.params = self.counter.params
             hints.param_bytes = self.counter.param_bytes or 2
-        par = parallel or Parallelism()
+        names = list(targets) + [c for c in compare if c not in targets]
+        if isinstance(parallel, Mapping):
+            pars = {n: parallel.get(n, Parallelism()) for n in names}
+        else:
+            pars = {n: parallel or Parallelism() for n in names}
+        par = pars[names[0]] if names else Parallelism()
         rows = []
-        for name in list(targets) + [c for c in compare if c not in targets]:
+        for name in names:
             tgt = get_target(name)
-            rows.append(_row(tgt, step_time(steps, tgt, par, mode, hints), par, role="target" if name in targets else "compare"))
+            rows.append(_row(tgt, step_time(steps, tgt, pars[name], mode, hints), pars[name],
+                             role="target" if name in targets else "compare"))
         if rows:
+            # Work per dollar: tokens (else samples, else steps) per dollar, relative to the first row.
+            unit = "tokens_per_step" if rows[0]["tokens_per_step"] else "samples_per_step" if rows[0]["samples_per_step"] else None
+            for r in rows:
+                work = r[unit] if unit else 1.0
+                r["usd_per_work"] = r["usd_per_step"] / work if r["usd_per_step"] and work else None
             base = rows[0]
             for r in rows:
                 r["work_per_dollar_vs_first"] = (
-                    (base["usd_per_step"] / r["usd_per_step"]) if r["usd_per_step"] and base["usd_per_step"] else None)
+                    (base["usd_per_work"] / r["usd_per_work"]) if r["usd_per_work"] and base["usd_per_work"] else None)
         summary = C.summarize(steps)
         summary.pop("by_class", None)
         return Report(rows=rows, counted=summary, by_class=C.summarize(steps).get("by_class", {}),
@@ -143,6 +156,7 @@ def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str) -> Dict[st
     return {
         "target": tgt.name, "role": role, "chip": tgt.chip_name, "device": tgt.chip["device_name"],
         "devices": par.devices, "nodes": t["nodes"], "mode": t["mode"], "dtype": t["dtype"],
+        "parallel": vars(par), "tokens_per_step": tokens, "samples_per_step": t["samples_per_step"],
         "step_s": step_s, "breakdown": t["breakdown"],
         "mfu": t["matmul_flops_per_step"] / (step_s * peak) if step_s and peak else 0.0,
         "tokens_per_s": tokens / step_s if tokens and step_s else None,
@@ -213,6 +227,13 @@ class Report:
                 f"{_ratio(r['work_per_dollar_vs_first']):>8}  "
                 f"{_bytes(mem['per_device_bytes'])} of {_bytes(mem['capacity_bytes'])} "
                 f"{'fits' if mem['fits'] else 'does not fit'}")
+        if len({(r["parallel"]["dp"], r["parallel"]["tp"], r["parallel"]["pp"], r["parallel"]["microbatches"])
+                for r in self.rows}) > 1:
+            lines += ["", "parallelism per target:"]
+            for r in self.rows:
+                q = r["parallel"]
+                lines.append(f"  {r['target']}: dp={q['dp']} tp={q['tp']} pp={q['pp']} microbatches={q['microbatches']} "
+                             f"({r['devices']} devices, {r['nodes']} instance(s))")
         lines += ["", "breakdown of the step (seconds per device):"]
         for r in self.rows:
             parts = ", ".join(f"{k} {_time(v)}" for k, v in sorted(r["breakdown"].items(), key=lambda kv: -kv[1]) if v)
