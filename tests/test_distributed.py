@@ -251,11 +251,27 @@ def _scenario_collectives() -> None:
     _both("wait(timeout)", wait_with_timeout)
     _both("all_reduce AVG int64 (gloo refuses)", lambda d: [dist.all_reduce(t := V((4,), torch.int64, d),
                                                                             op=ReduceOp.AVG) or t])
-    _both("all_reduce PREMUL_SUM (gloo refuses)",
-          lambda d: [dist.all_reduce(t := V((4,), torch.float32, d), op=dist._make_nccl_premul_sum(2.0)) or t])
+    # PREMUL_SUM (FSDP2's gradient reduction), which gloo lacks: on neuron, SUM of the inputs times the
+    # factor (a float or a one-element tensor); the CPU side computes that with gloo's SUM.
+    for factor in (2.0, torch.tensor([0.25], device="neuron")):
+        f = float(factor)
+        t = V((6,), torch.float32, "neuron")
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+        expected = V((6,), torch.float32, "cpu") * f
+        dist.all_reduce(expected)
+        torch.testing.assert_close(t.cpu(), expected, rtol=0, atol=0)
+        x = V((2 * world,), torch.float32, "neuron", salt=1)
+        before = x.cpu()
+        out = torch.empty(2, device="neuron")
+        dist.reduce_scatter_tensor(out, x, op=dist._make_nccl_premul_sum(factor))
+        expected = torch.empty(2)
+        dist.reduce_scatter_tensor(expected, before * f)
+        torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+        torch.testing.assert_close(x.cpu(), before, rtol=0, atol=0)   # the input is left as it was
+    del factor, t, x, out
     try:
-        dist.all_reduce(torch.ones(4, device="neuron"), op=dist._make_nccl_premul_sum(2.0))
-        raise AssertionError("all_reduce accepted PREMUL_SUM")
+        dist.reduce(torch.ones(4, device="neuron"), dst=0, op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("reduce accepted PREMUL_SUM")
     except ValueError as e:
         assert "multiply the tensor by the factor and use ReduceOp.SUM" in str(e), e
 

@@ -25,7 +25,6 @@ LAUNCHER = textwrap.dedent('''
     import types
 
     import torch.distributed
-    from torch.distributed.fsdp import FSDPModule
 
     # 1. torchtitan imports its MinimalAsyncEP Triton kernels unconditionally (distributed/minimal_async_ep/api.py:30).
     kernels = types.ModuleType("torchtitan.distributed.minimal_async_ep.kernels")
@@ -38,19 +37,6 @@ LAUNCHER = textwrap.dedent('''
     # 2. torch.distributed.set_timeout is newer than PyTorch 2.13, which has it as _set_pg_timeout.
     if not hasattr(torch.distributed, "set_timeout"):
         torch.distributed.set_timeout = torch.distributed.distributed_c10d._set_pg_timeout
-
-    # 3. A gradient divide factor of 1.0 makes FSDP2 reduce with PREMUL_SUM, which gloo lacks: reduce with SUM.
-    import torchtitan.distributed.fsdp as titan_fsdp
-
-    _disable_division = titan_fsdp.disable_fsdp_gradient_division
-
-    def disable_fsdp_gradient_division(model):
-        _disable_division(model)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
-
-    titan_fsdp.disable_fsdp_gradient_division = disable_fsdp_gradient_division
 
     sys.argv[0] = "torchtitan.train"
     runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)

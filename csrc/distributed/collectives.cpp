@@ -77,12 +77,29 @@ class Call {
     return out;
   }
 
-  c10d::ReduceOp reduceOp(const ReduceOpPtr& op) const {
-    // c10d can hand the factor to a backend, but gloo has no PREMUL_SUM.
-    TORCH_CHECK_VALUE(!gloo_ || op->op_ != c10d::ReduceOp::PREMUL_SUM,
-                      "ReduceOp.PREMUL_SUM is not supported by the neuron backend (nor by gloo): "
-                      "multiply the tensor by the factor and use ReduceOp.SUM");
-    return *op;
+  // The reduction to hand the backend. Gloo has no PREMUL_SUM(f): it becomes SUM, and premul()
+  // multiplies the inputs by f (FSDP2 reduces gradients with it).
+  c10d::ReduceOp reduceOp(const ReduceOpPtr& op) {
+    if (!gloo_ || op->op_ != c10d::ReduceOp::PREMUL_SUM) return *op;
+    TORCH_CHECK_VALUE(type_ != OpType::REDUCE, "ReduceOp.PREMUL_SUM is not supported by the neuron backend's ",
+                      name_, ": multiply the tensor by the factor and use ReduceOp.SUM");
+    const auto* factor = dynamic_cast<const c10d::PreMulSumSupplement*>(op->supplement_.get());
+    TORCH_CHECK_VALUE(factor != nullptr, name_, ": ReduceOp.PREMUL_SUM without its factor");
+    factor_ = factor->tensor_factor.defined() ? factor->tensor_factor.item<double>() : factor->double_factor;
+    return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+
+  // Host inputs multiplied by PREMUL_SUM's factor (none else): in place for a collective that
+  // overwrites its inputs with the result, else as copies the backend keeps until it is done.
+  std::vector<at::Tensor> premul(std::vector<at::Tensor> inputs, bool in_place) const {
+    if (!factor_) return inputs;
+    for (auto& t : inputs) t = in_place ? t.mul_(*factor_) : t.mul(*factor_);
+    return inputs;
+  }
+  at::Tensor premul(const at::Tensor& input, bool in_place) const { return premul(std::vector{input}, in_place)[0]; }
+  TensorLists premul(TensorLists lists) const {
+    for (auto& inputs : lists) inputs = premul(std::move(inputs), /*in_place=*/false);
+    return lists;
   }
 
   // The handle to return for the backend's `work`, whose results are the
@@ -107,6 +124,7 @@ class Call {
   OpType type_;
   bool gloo_ = false;
   c10::DeviceIndex synced_ = -1;
+  std::optional<double> factor_;
 };
 
 // A collective's options with the caller's async_op and, where the operator takes one, timeout.
@@ -152,7 +170,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> allreduce(at::TensorList tensors, c
   Call c(group, "all_reduce", OpType::ALLREDUCE);
   auto opts = options<c10d::AllreduceOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  auto host = c.host(tensors);
+  auto host = c.premul(c.host(tensors), /*in_place=*/true);
   auto outputs = tensors.vec();
   auto work = c.done(c->allreduce(host, opts), outputs);
   return {std::move(outputs), std::move(work)};
@@ -163,7 +181,7 @@ WorkPtr allreduceCoalesced(at::TensorList tensors, const GroupPtr& group, const 
   Call c(group, "all_reduce_coalesced", OpType::ALLREDUCE_COALESCED);
   auto opts = options<c10d::AllreduceCoalescedOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
-  auto host = c.host(tensors);
+  auto host = c.premul(c.host(tensors), /*in_place=*/true);
   return c.done(c->allreduce_coalesced(host, opts), tensors.vec());
 }
 
@@ -213,7 +231,7 @@ std::tuple<std::vector<at::Tensor>, WorkPtr> reduceScatter(const at::TensorList&
   auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
   auto outputs = c.host(output_tensors);
-  auto inputs = c.host(input_tensors);
+  auto inputs = c.premul(c.host(input_tensors));
   auto result = output_tensors.vec();
   auto work = c.done(c->reduce_scatter(outputs, inputs, opts), result);
   return {std::move(result), std::move(work)};
@@ -226,7 +244,7 @@ std::tuple<at::Tensor, WorkPtr> reduceScatterBase(at::Tensor& output_tensor, at:
   auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
   auto output = c.host(output_tensor);
-  auto input = c.host(input_tensor);
+  auto input = c.premul(c.host(input_tensor), /*in_place=*/false);
   auto work = c.done(c->_reduce_scatter_base(output, input, opts), {output_tensor});
   return {output_tensor, std::move(work)};
 }
@@ -237,7 +255,7 @@ WorkPtr reduceScatterTensorCoalesced(at::TensorList outputs, at::TensorList inpu
   auto opts = options<c10d::ReduceScatterOptions>(async_op, timeout);
   opts.reduceOp = c.reduceOp(reduce_op);
   auto host_outputs = c.host(outputs);
-  auto host_inputs = c.host(inputs);
+  auto host_inputs = c.premul(c.host(inputs), /*in_place=*/false);
   return c.done(c->reduce_scatter_tensor_coalesced(host_outputs, host_inputs, opts), outputs.vec());
 }
 
