@@ -146,6 +146,22 @@ def test_70b_on_one_core_does_not_fit_and_fits_when_sharded():
     assert sharded["memory"]["fits"]
 
 
+def test_whisper_style_model_counts_convolutions_and_cross_attention():
+    from torchneuron.projection.models import WHISPER_CONFIGS, EncoderDecoderConfig, build_encoder_decoder
+
+    medium = build_encoder_decoder("whisper-medium")
+    assert sum(p.numel() for p in medium.parameters()) == pytest.approx(769e6, rel=0.01)  # published size
+    cfg = EncoderDecoderConfig(64, 2, 2, 4, 128, 100, mel_bins=8, frames=50)
+    with counting.CountingMode() as c, torch.no_grad():
+        model = build_encoder_decoder(cfg)
+        c.discard()
+        model(torch.zeros(2, 8, 100, device="meta", dtype=torch.bfloat16), torch.zeros(2, 10, dtype=torch.long, device="meta"))
+        c.mark_step()
+    names = {op.name for op in c.completed_steps()[0].ops if op.cls == "matmul"}
+    assert any("convolution" in n for n in names) and any("flash_attention" in n for n in names)
+    assert "whisper-large-v3" in WHISPER_CONFIGS
+
+
 def test_layer_extrapolation_equals_full_count():
     cfg = LlamaConfig(256, 4, 4, 2, 512, 1000)
     row = validation.Row("small", cfg, "trn1.32xlarge", 1, 4, 2, 2, 2, 64, 128, "seq_per_s", 1.0, "", "")

@@ -1,4 +1,5 @@
-"""Llama-style decoder built from a config, for projecting models larger than this machine.
+"""Llama-style decoders and Whisper-style encoder-decoders built from a config, for projecting
+models larger than this machine.
 
 Self-contained (no Hugging Face): RMSNorm, rotary embeddings, grouped-query attention through
 ``F.scaled_dot_product_attention``, SwiGLU feed-forward, untied output head. Build it under
@@ -8,6 +9,7 @@ Self-contained (no Hugging Face): RMSNorm, rotary embeddings, grouped-query atte
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -73,8 +75,6 @@ LLAMA_CONFIGS = {
     # ViT-Base/16 (Dosovitskiy et al., 2021): 12 layers, d=768, 12 heads, 3072 MLP; 197 tokens;
     # the patch embedding is a 768x768 matmul modelled as the "vocab" head of size 1000 classes.
     "vit-base": LlamaConfig(768, 12, 12, 12, 2048, 1000, causal=False),
-    # Whisper-medium-sized encoder/decoder stack (Radford et al., 2022): 24 layers, d=1024, 16 heads.
-    "whisper-medium": LlamaConfig(1024, 48, 16, 16, 2731, 51865),
 }
 
 
@@ -198,4 +198,109 @@ def build(name_or_cfg, dtype: torch.dtype = torch.bfloat16, device: str = "meta"
     cfg = LLAMA_CONFIGS[name_or_cfg] if isinstance(name_or_cfg, str) else name_or_cfg
     with torch.device(device):
         model = Llama(cfg)
+    return model.to(dtype)
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig:
+    """Shape of a Whisper-style encoder-decoder (audio frames in, text tokens out).
+
+    Args:
+        dim: hidden size.
+        encoder_layers, decoder_layers: blocks on each side.
+        n_heads: attention heads.
+        ffn_dim: inner size of the (GELU) feed-forward.
+        vocab: text vocabulary.
+        mel_bins: input channels of the convolutional front end.
+        frames: encoder positions after the front end (1500 for 30 s of audio).
+    """
+
+    dim: int
+    encoder_layers: int
+    decoder_layers: int
+    n_heads: int
+    ffn_dim: int
+    vocab: int
+    mel_bins: int = 80
+    frames: int = 1500
+
+
+WHISPER_CONFIGS = {
+    # Whisper model card / config.json (Radford et al., 2022, Table 1): medium and large-v3.
+    "whisper-medium": EncoderDecoderConfig(1024, 24, 24, 16, 4096, 51865),
+    "whisper-large-v3": EncoderDecoderConfig(1280, 32, 32, 20, 5120, 51866, mel_bins=128),
+}
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, source: torch.Tensor, causal: bool) -> torch.Tensor:
+        b, s, d = x.shape
+        t = source.shape[1]
+        h, hd = self.heads, d // self.heads
+        q = self.q(x).view(b, s, h, hd).transpose(1, 2)
+        k = self.k(source).view(b, t, h, hd).transpose(1, 2)
+        v = self.v(source).view(b, t, h, hd).transpose(1, 2)
+        return self.o(attention(q, k, v, causal).transpose(1, 2).reshape(b, s, d))
+
+
+class _EncDecBlock(nn.Module):
+    def __init__(self, cfg: EncoderDecoderConfig, cross: bool) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.attn = _Attention(cfg.dim, cfg.n_heads)
+        self.cross = _Attention(cfg.dim, cfg.n_heads) if cross else None
+        self.norm_cross = nn.LayerNorm(cfg.dim) if cross else None
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.fc1 = nn.Linear(cfg.dim, cfg.ffn_dim)
+        self.fc2 = nn.Linear(cfg.ffn_dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, causal=memory is not None)
+        if self.cross is not None:
+            x = x + self.cross(self.norm_cross(x), memory, causal=False)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class EncoderDecoder(nn.Module):
+    """Whisper-style model: ``forward(mel, tokens) -> logits`` (mel: batch x mel_bins x 2·frames)."""
+
+    def __init__(self, cfg: EncoderDecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.conv1 = nn.Conv1d(cfg.mel_bins, cfg.dim, 3, padding=1)
+        self.conv2 = nn.Conv1d(cfg.dim, cfg.dim, 3, stride=2, padding=1)
+        self.enc_pos = nn.Parameter(torch.zeros(cfg.frames, cfg.dim))
+        self.encoder = nn.ModuleList(_EncDecBlock(cfg, cross=False) for _ in range(cfg.encoder_layers))
+        self.enc_norm = nn.LayerNorm(cfg.dim)
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.dec_pos = nn.Parameter(torch.zeros(448, cfg.dim))
+        self.decoder = nn.ModuleList(_EncDecBlock(cfg, cross=True) for _ in range(cfg.decoder_layers))
+        self.dec_norm = nn.LayerNorm(cfg.dim)
+
+    def forward(self, mel: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)
+        x = x + self.enc_pos[: x.shape[1]]
+        for block in self.encoder:
+            x = block(x)
+        memory = self.enc_norm(x)
+        y = self.embed(tokens) + self.dec_pos[: tokens.shape[1]]
+        for block in self.decoder:
+            y = block(y, memory)
+        return self.dec_norm(y) @ self.embed.weight.t()
+
+
+def build_encoder_decoder(name_or_cfg, dtype: torch.dtype = torch.bfloat16, device: str = "meta") -> EncoderDecoder:
+    """Build a Whisper-style model from a name in :data:`WHISPER_CONFIGS` or a config, without initialising."""
+    cfg = WHISPER_CONFIGS[name_or_cfg] if isinstance(name_or_cfg, str) else name_or_cfg
+    with torch.device(device):
+        model = EncoderDecoder(cfg)
     return model.to(dtype)
