@@ -200,6 +200,16 @@ def test_serving_decode_is_memory_bound_and_prefill_compute_bound():
     assert row["fits"] and row["prefill_s"] > row["decode_s_per_token"] > 0
 
 
+def test_fake_modules_move_between_devices_and_the_change_is_undone():
+    original = nn.Module._apply
+    with projection.count(fake=True):
+        model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).neuron()
+        assert model[0].weight.device.type == "neuron" and model[1].running_mean.device.type == "neuron"
+        model = model.to(torch.bfloat16)
+        assert model[0].weight.dtype == torch.bfloat16
+    assert nn.Module._apply is original
+
+
 def test_fake_mode_cannot_follow_data_dependent_shapes():
     from torch._subclasses.fake_tensor import DynamicOutputShapeException
 

@@ -313,34 +313,32 @@ def count(fake: bool = False, group_size: int = 1) -> Iterator[Projection]:
 def _fake_module_moves() -> Iterator[None]:
     """The one change to PyTorch made while counting on fake tensors, undone on exit.
 
-    ``Module.to(device)`` swaps each parameter for its copy, and PyTorch cannot swap a fake
-    parameter, so on fake modules the move puts new parameters (and buffers) in their place.
+    ``Module.to``, ``.neuron()``, ``.half()`` and the like go through ``Module._apply``, which swaps
+    each parameter for its converted copy, and PyTorch cannot swap a fake parameter. On modules
+    whose parameters are fake, ``_apply`` puts new parameters (and buffers) in their place instead.
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
-    original = torch.nn.Module.to
+    original = torch.nn.Module._apply
 
-    def to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
-        first = next(iter(self.parameters()), None)
-        if not isinstance(first, FakeTensor):
-            return original(self, *args, **kwargs)
-        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if not isinstance(next(iter(self.parameters()), None), FakeTensor):
+            return original(self, fn, recurse)
         with torch.no_grad():
-            for module in self.modules():
+            for module in self.modules() if recurse else [self]:
                 for name, p in list(module._parameters.items()):
                     if p is not None:
-                        moved = p.to(device=device, dtype=dtype if dtype is not None and p.is_floating_point() else None)
-                        module._parameters[name] = torch.nn.Parameter(moved, requires_grad=p.requires_grad)
+                        module._parameters[name] = torch.nn.Parameter(fn(p), requires_grad=p.requires_grad)
                 for name, b in list(module._buffers.items()):
                     if b is not None:
-                        module._buffers[name] = b.to(device=device, dtype=dtype if dtype is not None and b.is_floating_point() else None)
+                        module._buffers[name] = fn(b)
         return self
 
-    torch.nn.Module.to = to  # type: ignore[method-assign]
+    torch.nn.Module._apply = _apply  # type: ignore[method-assign]
     try:
         yield
     finally:
-        torch.nn.Module.to = original  # type: ignore[method-assign]
+        torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
 def run_script(path: str, argv: Sequence[str], fake: bool = False) -> Projection:
