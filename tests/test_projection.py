@@ -92,6 +92,19 @@ def test_matmul_flops_come_from_pytorch_formulas():
     assert op.bytes_read == (8 * 16 + 16 * 4) * 4 and op.bytes_written == 8 * 4 * 4
 
 
+def test_attention_on_the_device_counts_like_pytorchs_flash_formula():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q = torch.randn(2, 4, 64, 32, device="neuron", requires_grad=True)
+    with projection.count() as p:
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+        p.step()
+    meta = torch.randn(2, 4, 64, 32, device="meta", requires_grad=True)
+    with FlopCounterMode(display=False) as reference:
+        torch.ops.aten._scaled_dot_product_flash_attention(meta, meta, meta, 0.0, True)[0].sum().backward()
+    assert p.steps[0].total("flops", "matmul") == reference.get_total_flops()
+
+
 @pytest.mark.parametrize("name,seq", [("llama2-7b", 512), ("llama3-8b", 8192)])
 def test_forward_flops_match_analytical(name, seq):
     cfg = LLAMA_CONFIGS[name]

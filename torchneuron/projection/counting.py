@@ -89,7 +89,6 @@ _FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided
          "lift_fresh", "_local_scalar_dense", "set_", "resize_", "is_same_size", "_unsafe_view",
          "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_has_compatible_shallow_copy_type",
          "record_stream", "_assert_async", "_assert_tensor_metadata", "_functional_sym_constrain_range"}
-# Factories that write their output (randn, zeros...) count as elementwise writes.
 _COLLECTIVE_NAMES = {
     "allreduce_": "all_reduce", "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
     "allgather_": "all_gather", "_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -100,12 +99,14 @@ _COLLECTIVE_NAMES = {
     "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "allreduce_coalesced_": "all_reduce",
 }
 
-# FLOP formulas PyTorch does not list, written in terms of the ones it does.
+# Attention kernels PyTorch's registry does not list (the CPU flash kernel the neuron device runs):
+# counted like the registry's flash-attention formulas, 2 matmuls forward and 5 backward.
 _EXTRA_FLOPS = {}
-for _name in ("_scaled_dot_product_flash_attention_for_cpu",):
+for _name, _matmuls in (("_scaled_dot_product_flash_attention_for_cpu", 2),
+                        ("_scaled_dot_product_flash_attention_for_cpu_backward", 5)):
     _packet = getattr(aten, _name, None)
     if _packet is not None:
-        _EXTRA_FLOPS[_packet] = _name
+        _EXTRA_FLOPS[_packet] = _matmuls
 
 
 @dataclass
@@ -209,15 +210,16 @@ def _dtype_of(inputs: List[torch.Tensor], outputs: List[torch.Tensor]) -> torch.
     return torch.float32
 
 
-def _sdpa_cpu_flops(args: tuple, kwargs: dict) -> float:
-    q, k, v = args[:3]
+def _sdpa_cpu_flops(func: Any, args: tuple) -> float:
+    # Forward args: (q, k, v, ...); backward args: (grad_out, q, k, v, ...).
+    matmuls = _EXTRA_FLOPS[func.overloadpacket]
+    q, k, v = args[:3] if matmuls == 2 else args[1:4]
     *batch, lq, d = q.shape
     lk = k.shape[-2]
-    dv = v.shape[-1]
     b = 1
     for x in batch:
         b *= x
-    return 2.0 * b * lq * lk * d + 2.0 * b * lq * lk * dv
+    return 2.0 * b * lq * lk * d * matmuls
 
 
 class CountingMode(TorchDispatchMode):
@@ -369,7 +371,7 @@ class CountingMode(TorchDispatchMode):
             if func.overloadpacket in flop_registry:
                 flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
             else:
-                flops = _sdpa_cpu_flops(args, kwargs)
+                flops = _sdpa_cpu_flops(func, args)
         elif cls in (ELEMENTWISE, TRANSCENDENTAL):
             flops = float(sum(t.numel() for t in outputs)) if outputs else float(sum(t.numel() for t in inputs))
         elif cls == REDUCTION:
