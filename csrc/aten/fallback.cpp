@@ -5,6 +5,7 @@
 // by a CPU generator keyed from the device generator's stream; PyTorch's CPU kernel runs; what it did
 // to mutable arguments is reflected back, and its outputs become neuron
 // tensors on the op's device without a copy.
+#include "arguments.h"
 #include "neuron.h"
 
 #include <ATen/NestedTensorImpl.h>
@@ -25,13 +26,6 @@ struct Alias {
   at::Tensor cpu;
   bool written;
 };
-
-bool isGeneratorArg(const c10::Argument& arg) {
-  const c10::Type* t = arg.type().get();
-  if (t->kind() == c10::TypeKind::OptionalType)
-    t = static_cast<const c10::OptionalType*>(t)->getElementType().get();
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
 
 // Ops whose CUDA kernels accept CPU index tensors; the same holds here.
 bool acceptsCpuTensors(const c10::OperatorHandle& op) {
@@ -87,48 +81,14 @@ class Call {
   }
 
   void convertArguments(torch::jit::Stack* stack) {
-    const auto& args = op_.schema().arguments();
-    const size_t first = stack->size() - args.size();
-    for (size_t i = 0; i < args.size(); ++i) {
-      auto& iv = (*stack)[first + i];
-      const auto& arg = args[i];
-      const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-      if (iv.isTensor()) {
-        iv = toCpu(iv.toTensor(), arg, written);
-      } else if (iv.isTensorList()) {
-        auto list = iv.toTensorList();
-        c10::List<at::Tensor> out;
-        out.reserve(list.size());
-        for (const at::Tensor& t : list) out.push_back(toCpu(t, arg, written));
-        iv = std::move(out);
-      } else if (iv.isList() && iv.toListRef().size() > 0 && iv.toListRef()[0].isTensor() ||
-                 iv.isList() && arg.type()->containedTypes().size() == 1 &&
-                     arg.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
-        auto list = iv.toList();
-        c10::impl::GenericList out(list.elementType());
-        out.reserve(list.size());
-        for (const c10::IValue& e : list)
-          out.push_back(e.isTensor() ? c10::IValue(toCpu(e.toTensor(), arg, written)) : e);
-        iv = std::move(out);
-      } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
-        const auto device = iv.toDevice();
-        if (device.has_index()) checkDevice(device.index());
-        noteDevice(device, arg);
-        iv = c10::Device(c10::kCPU);
-      } else if (iv.isDevice() && iv.toDevice().is_cpu()) {
-        to_cpu_ = true;
-      }
-    }
+    to_cpu_ = torchneuron::convertArguments(
+        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return toCpu(t, arg, written); },
+        [&](c10::Device device, const c10::Argument& arg) { noteDevice(device, arg); });
     if (device_ < 0) device_ = currentDevice();
     if (cpu_arg_ != nullptr && !aliases_.empty() && !acceptsCpuTensors(op_)) {
       failDeviceMismatch(device_, "cpu", cpu_arg_->name(), op_.schema().operator_name());
     }
-    // Random ops draw from the device's generator, never the CPU's.
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (!isGeneratorArg(args[i])) continue;
-      auto& iv = (*stack)[first + i];
-      iv = cpuGeneratorFor(iv.isNone() ? std::nullopt : std::optional<at::Generator>(iv.toGenerator()), device_);
-    }
+    replaceGenerators(op_, stack, device_);
   }
 
   void reflectWrites() {

@@ -11,6 +11,7 @@
 // sparse tensors over that memory without a copy. Reading a sparse tensor's parts (indices,
 // values, nnz, dims) and building one from parts on the device are direct kernels; copy_ between
 // devices copies the parts. An op PyTorch has no CPU sparse kernel for raises NotImplementedError.
+#include "arguments.h"
 #include "neuron.h"
 
 #include <ATen/SparseCsrTensorImpl.h>
@@ -166,13 +167,6 @@ struct Alias {
   bool written;
 };
 
-bool isGeneratorArg(const c10::Argument& arg) {
-  const c10::Type* t = arg.type().get();
-  if (t->kind() == c10::TypeKind::OptionalType)
-    t = static_cast<const c10::OptionalType*>(t)->getElementType().get();
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
-
 class SparseCall {
  public:
   SparseCall(const c10::OperatorHandle& op, c10::DispatchKeySet keys) : op_(op) {
@@ -181,44 +175,13 @@ class SparseCall {
   }
 
   void convertArguments(torch::jit::Stack* stack) {
-    const auto& args = op_.schema().arguments();
-    const size_t first = stack->size() - args.size();
-    for (size_t i = 0; i < args.size(); ++i) {
-      auto& iv = (*stack)[first + i];
-      const auto& arg = args[i];
-      const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
-      if (iv.isTensor()) {
-        iv = toCpu(iv.toTensor(), arg, written);
-      } else if (iv.isTensorList()) {
-        auto list = iv.toTensorList();
-        c10::List<at::Tensor> out;
-        out.reserve(list.size());
-        for (const at::Tensor& t : list) out.push_back(toCpu(t, arg, written));
-        iv = std::move(out);
-      } else if (iv.isList() && iv.toListRef().size() > 0 && iv.toListRef()[0].isTensor() ||
-                 iv.isList() && arg.type()->containedTypes().size() == 1 &&
-                     arg.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
-        auto list = iv.toList();
-        c10::impl::GenericList out(list.elementType());
-        out.reserve(list.size());
-        for (const c10::IValue& e : list)
-          out.push_back(e.isTensor() ? c10::IValue(toCpu(e.toTensor(), arg, written)) : e);
-        iv = std::move(out);
-      } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
-        const auto device = iv.toDevice();
-        if (device.has_index()) checkDevice(device.index());
-        noteDevice(device, arg);
-        iv = c10::Device(c10::kCPU);
-      }
-    }
+    torchneuron::convertArguments(
+        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return toCpu(t, arg, written); },
+        [&](c10::Device device, const c10::Argument& arg) { noteDevice(device, arg); });
     if (device_ < 0) device_ = currentDevice();
     if (cpu_arg_ != nullptr && (!dense_.empty() || !sparse_.empty()))
       failDeviceMismatch(device_, "cpu", cpu_arg_->name(), op_.schema().operator_name());
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (!isGeneratorArg(args[i])) continue;
-      auto& iv = (*stack)[first + i];
-      iv = cpuGeneratorFor(iv.isNone() ? std::nullopt : std::optional<at::Generator>(iv.toGenerator()), device_);
-    }
+    replaceGenerators(op_, stack, device_);
   }
 
   // The CPU keys the kernel runs under, after checking that PyTorch has a CPU kernel there.

@@ -1,0 +1,70 @@
+// Walking a boxed op's arguments, for the fallbacks that run PyTorch's CPU kernels (fallback.cpp
+// for dense and nested tensors, sparse.cpp for sparse ones).
+#pragma once
+
+#include "neuron.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <optional>
+
+namespace torchneuron {
+
+// Replaces each tensor among `op`'s arguments on the stack (alone, in a list, or in a list of
+// optional tensors) by tensor(t, argument, written), and each neuron Device argument by the CPU
+// after checking it and passing it to note(device, argument). Returns whether an argument named
+// the CPU as its device.
+template <class TensorFn, class NoteFn>
+bool convertArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, TensorFn&& tensor, NoteFn&& note) {
+  bool cpu_device = false;
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto& iv = (*stack)[first + i];
+    const auto& arg = args[i];
+    const bool written = arg.alias_info() != nullptr && arg.alias_info()->isWrite();
+    if (iv.isTensor()) {
+      iv = tensor(iv.toTensor(), arg, written);
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(tensor(t, arg, written));
+      iv = std::move(out);
+    } else if (iv.isList() && iv.toListRef().size() > 0 && iv.toListRef()[0].isTensor() ||
+               iv.isList() && arg.type()->containedTypes().size() == 1 &&
+                   arg.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
+      auto list = iv.toList();
+      c10::impl::GenericList out(list.elementType());
+      out.reserve(list.size());
+      for (const c10::IValue& e : list) out.push_back(e.isTensor() ? c10::IValue(tensor(e.toTensor(), arg, written)) : e);
+      iv = std::move(out);
+    } else if (iv.isDevice() && iv.toDevice().type() == kNeuron) {
+      const auto device = iv.toDevice();
+      if (device.has_index()) checkDevice(device.index());
+      note(device, arg);
+      iv = c10::Device(c10::kCPU);
+    } else if (iv.isDevice() && iv.toDevice().is_cpu()) {
+      cpu_device = true;
+    }
+  }
+  return cpu_device;
+}
+
+// Gives a CPU kernel's generator arguments a CPU generator keyed from the neuron device's stream
+// (random numbers never come from the CPU's generator).
+inline void replaceGenerators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::Type* type = args[i].type().get();
+    if (type->kind() == c10::TypeKind::OptionalType)
+      type = static_cast<const c10::OptionalType*>(type)->getElementType().get();
+    if (type->kind() != c10::TypeKind::GeneratorType) continue;
+    auto& iv = (*stack)[first + i];
+    iv = cpuGeneratorFor(iv.isNone() ? std::nullopt : std::optional<at::Generator>(iv.toGenerator()), device);
+  }
+}
+
+}  // namespace torchneuron
