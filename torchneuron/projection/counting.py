@@ -124,6 +124,8 @@ class OpRecord:
         collective: for collectives, ``all_reduce``, ``all_gather``...
         group_size: for collectives, ranks in the process group (0 if unknown).
         phase: ``"model"`` (forward and backward) or ``"optimizer"`` (inside ``Optimizer.step``).
+        inputs, outputs: ``(identity, bytes)`` of each tensor read and written, so that a fused
+            kernel can tell the tensors its own ops produce from those it reads from memory.
     """
 
     name: str
@@ -136,6 +138,8 @@ class OpRecord:
     collective: str = ""
     group_size: int = 0
     phase: str = "model"
+    inputs: tuple = ()
+    outputs: tuple = ()
 
 
 @dataclass
@@ -385,7 +389,9 @@ class CountingMode(TorchDispatchMode):
         else:
             bytes_written = sum(_nbytes(t) for t in outputs if not any(t is i for i in inputs))
         dtype = str(_dtype_of(inputs, outputs)).replace("torch.", "")
-        record = OpRecord(str(func), cls, flops, bytes_read, bytes_written, dtype, phase=self._phase)
+        record = OpRecord(str(func), cls, flops, bytes_read, bytes_written, dtype, phase=self._phase,
+                          inputs=tuple((id(t), _nbytes(t)) for t in inputs),
+                          outputs=tuple((id(t), _nbytes(t)) for t in outputs))
         if cls == COLLECTIVE:
             record.collective = _COLLECTIVE_NAMES.get(base, base)
             record.group_size = _group_size(args) or self.group_size

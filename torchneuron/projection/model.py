@@ -6,8 +6,8 @@ generation (never per model). The engine follows the op class: matmul and convol
 tensor engine, elementwise and reductions on the vector engine, transcendentals on the scalar
 (activation) engine, gather/scatter and copies as DMA (memory only), sort on the GPSIMD cores.
 Eager execution pays a launch cost per op; compiled execution fuses each run of consecutive
-non-matmul ops into one kernel (reads of its first op, writes of its last) and pays a smaller
-cost per kernel. Collectives move a ring's bytes (all-reduce ``2(n-1)/n·bytes`` over the link
+non-matmul ops into one kernel (it reads the tensors its ops did not produce and writes those no
+later op of it consumes) and pays a smaller cost per kernel. Collectives move a ring's bytes (all-reduce ``2(n-1)/n·bytes`` over the link
 bandwidth; all-gather and reduce-scatter half that) and pay a latency per hop of recursive
 halving/doubling (``log2 n`` hops each way).
 
@@ -218,6 +218,29 @@ ENGINE_OF = {
 }
 
 
+def _fused_bytes(run: Sequence[C.OpRecord]) -> float:
+    """Memory traffic of one fused kernel: tensors it reads that its ops did not produce, once each,
+    and tensors its ops produce that no later op of the kernel consumes."""
+    if not all(op.inputs or op.outputs for op in run):
+        return run[0].bytes_read + run[-1].bytes_written
+    produced: Dict[int, int] = {}
+    consumed = set()
+    read = 0
+    seen = set()
+    for op in run:
+        for tid, nbytes in op.inputs:
+            if tid in produced:
+                consumed.add(tid)
+            elif tid not in seen:
+                seen.add(tid)
+                read += nbytes
+        for tid, nbytes in op.outputs:
+            produced[tid] = nbytes
+            consumed.discard(tid)
+    written = sum(n for tid, n in produced.items() if tid not in consumed)
+    return read + written
+
+
 def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
     """Group op records into kernels: one per op in eager mode, fused runs in compiled mode."""
     kernels: List[Dict[str, Any]] = []
@@ -226,11 +249,10 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
     def flush() -> None:
         if not run:
             return
-        by_engine: Dict[str, float] = {}
+        by_engine: Dict[Any, float] = {}
         for op in run:
             by_engine[(ENGINE_OF[op.cls], op.dtype)] = by_engine.get((ENGINE_OF[op.cls], op.dtype), 0.0) + op.flops
-        kernels.append({"flops": by_engine, "bytes": run[0].bytes_read + run[-1].bytes_written,
-                        "calls": 1, "phase": run[0].phase})
+        kernels.append({"flops": by_engine, "bytes": _fused_bytes(run), "calls": 1, "phase": run[0].phase})
         run.clear()
 
     for op in ops:
