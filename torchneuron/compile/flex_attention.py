@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from .._patch import Patch
 
 __all__ = ["PATCHES", "Patch", "disable", "enable", "enable_inductor", "is_enabled"]
 
@@ -52,18 +53,6 @@ log = logging.getLogger("torchneuron")
 
 DEVICE = "neuron"
 
-
-@dataclass(frozen=True)
-class Patch:
-    """One attribute replaced for neuron tensors.
-
-    Args:
-        target: the dotted name of the replaced attribute.
-        what: what the replacement does.
-    """
-
-    target: str
-    what: str
 
 
 PATCHES: tuple[Patch, ...] = (

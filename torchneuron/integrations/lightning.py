@@ -56,10 +56,11 @@ import logging
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import torch
+
+from .._patch import Patch
 
 __all__ = [
     "NAMESPACES", "NeuronAccelerator", "PATCHES", "PLNeuronAccelerator", "Patch", "accelerator_class", "is_registered",
@@ -80,18 +81,6 @@ _classes: dict[str, type] = {}                           # namespace -> its Neur
 _registered: dict[str, list[tuple[Any, str, Any]]] = {}  # namespace -> (owner, attribute, original) applied
 _MISSING = object()
 
-
-@dataclass(frozen=True)
-class Patch:
-    """One Lightning attribute :func:`register` replaces.
-
-    Args:
-        target: the dotted name of the replaced attribute.
-        what: what the replacement does.
-    """
-
-    target: str
-    what: str
 
 
 # --------------------------------------------------------------------------------------

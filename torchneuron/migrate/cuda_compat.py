@@ -43,10 +43,11 @@ import functools
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+
+from .._patch import Patch
 
 __all__ = ["PATCHES", "Patch", "disable", "enable", "enabled", "is_enabled", "set_recorder", "target"]
 
@@ -58,18 +59,6 @@ _OrigGenerator = torch.Generator
 _INTERNAL_PREFIXES = ("torch.", "torchneuron.")
 _INTERNAL_NAMES = frozenset({"torch", "torchneuron"})
 
-
-@dataclass(frozen=True)
-class Patch:
-    """One attribute the layer replaces.
-
-    Args:
-        target: the dotted name of the replaced attribute, e.g. ``"torch.Tensor.to"``.
-        what: what the replacement does.
-    """
-
-    target: str
-    what: str
 
 
 # --------------------------------------------------------------------------------------
