@@ -17,7 +17,7 @@ VPY=.venv/bin/python
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
 # and test tools.
 PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
-          "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6"
+          "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6" "peft==0.21.2" "diffusers==0.42.1"
           numba tiktoken more-itertools
           "datasets>=3.6,<4.8" "spmd_types==0.2.3" tyro einops torchdata torch_checkpointing tensorboard)
 # Installed without their dependencies, which would bring what the tests do not need (openai-whisper
