@@ -124,8 +124,8 @@ class OpRecord:
         collective: for collectives, ``all_reduce``, ``all_gather``...
         group_size: for collectives, ranks in the process group (0 if unknown).
         phase: ``"model"`` (forward and backward) or ``"optimizer"`` (inside ``Optimizer.step``).
-        inputs, outputs: ``(identity, bytes)`` of each tensor read and written, so that a fused
-            kernel can tell the tensors its own ops produce from those it reads from memory.
+        inputs, outputs: ``(storage identity, bytes)`` of each tensor read and written, so that a
+            fused kernel can tell the tensors its own ops produce from those it reads from memory.
     """
 
     name: str
@@ -256,6 +256,8 @@ class CountingMode(TorchDispatchMode):
         self._hooks: List[Any] = []
         self._live: List[Any] = []
         self._ops_since_sweep = 0
+        self._idents: Dict[int, Any] = {}
+        self._serial = 0
 
     def __enter__(self) -> "CountingMode":
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -341,8 +343,25 @@ class CountingMode(TorchDispatchMode):
             # Outside backward and the optimizer: what the forward keeps alive (activations).
             step.forward_peak_bytes = max(step.forward_peak_bytes, self.live_bytes)
 
+    def _ident(self, t: torch.Tensor) -> int:
+        """A number naming ``t``'s storage for as long as it lives (views share it; a storage
+        allocated later at the same address gets a new number)."""
+        try:
+            storage = t.untyped_storage()
+        except Exception:  # no storage (sparse, nested): the tensor object names itself
+            return -id(t)
+        key = storage._cdata
+        entry = self._idents.get(key)
+        if entry is None or entry[0].expired():
+            self._serial += 1
+            entry = (StorageWeakRef(storage), self._serial)
+            self._idents[key] = entry
+        return entry[1]
+
     def _sweep(self) -> None:
         self._ops_since_sweep = 0
+        if len(self._idents) > 4 * len(self._live) + 1024:
+            self._idents = {k: v for k, v in self._idents.items() if not v[0].expired()}
         alive = []
         for ref, size in self._live:
             if ref.expired():
@@ -390,8 +409,8 @@ class CountingMode(TorchDispatchMode):
             bytes_written = sum(_nbytes(t) for t in outputs if not any(t is i for i in inputs))
         dtype = str(_dtype_of(inputs, outputs)).replace("torch.", "")
         record = OpRecord(str(func), cls, flops, bytes_read, bytes_written, dtype, phase=self._phase,
-                          inputs=tuple((id(t), _nbytes(t)) for t in inputs),
-                          outputs=tuple((id(t), _nbytes(t)) for t in outputs))
+                          inputs=tuple((self._ident(t), _nbytes(t)) for t in inputs),
+                          outputs=tuple((self._ident(t), _nbytes(t)) for t in outputs))
         if cls == COLLECTIVE:
             record.collective = _COLLECTIVE_NAMES.get(base, base)
             record.group_size = _group_size(args) or self.group_size
