@@ -7,16 +7,18 @@
 
 ``counting`` records the work of each kernel, ``model`` turns it into time on a target described
 in ``hardware.json`` (every number with its source), ``report`` assembles the projection,
-``models`` builds Llama-style models from a config for counting without allocating.
+``serving`` projects prefill and decode, ``models`` builds Llama- and Whisper-style models from a
+config for counting without allocating, ``validation`` compares projections with published figures.
 Every output is a projection, not a measurement.
 """
 
 from torchneuron.projection.counting import CountingMode, OpRecord, StepCounts, fake_mode, summarize
 from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, load_hardware, step_time, targets
 from torchneuron.projection.report import LABEL, Projection, Report, count, mark_step, run_script
+from torchneuron.projection.serving import project_serving
 
 __all__ = [
     "CountingMode", "OpRecord", "StepCounts", "fake_mode", "summarize", "ModelHints", "Parallelism", "Target",
     "get_target", "load_hardware", "step_time", "targets", "LABEL", "Projection", "Report", "count", "mark_step",
-    "run_script",
+    "run_script", "project_serving",
 ]
