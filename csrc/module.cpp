@@ -10,6 +10,15 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/combined_traceback.h>
+
+#include <unordered_map>
+
+namespace torch {
+// Exported by libtorch_python (torch/csrc/profiler/python/combined_traceback.h, whose JSON include
+// the wheel does not ship): tracebacks as lists of {"filename", "line", "name"} dictionaries.
+std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+}  // namespace torch
 
 namespace py = pybind11;
 
@@ -108,6 +117,125 @@ PyObject* emptyStridedFast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// _neuron_record_memory_history(enabled, context, stacks, max_entries, clear_history), with the
+// values torch.cuda.memory._record_memory_history takes.
+void recordMemoryHistoryPy(std::optional<std::string> enabled, std::optional<std::string> context,
+                           const std::string& stacks, size_t max_entries, bool clear_history) {
+  MemoryHistoryOptions o;
+  TORCH_CHECK_VALUE(!enabled || *enabled == "state" || *enabled == "all",
+                    "_record_memory_history: enabled must be None, 'state' or 'all', got '", *enabled, "'");
+  TORCH_CHECK_VALUE(!context || *context == "state" || *context == "alloc" || *context == "all",
+                    "_record_memory_history: context must be None, 'state', 'alloc' or 'all', got '", *context, "'");
+  TORCH_CHECK_VALUE(stacks == "python" || stacks == "all",
+                    "_record_memory_history: stacks must be 'python' or 'all', got '", stacks, "'");
+  TORCH_CHECK_VALUE(max_entries > 0, "_record_memory_history: max_entries must be at least 1");
+  o.enabled = enabled.has_value();
+  o.trace = enabled && *enabled == "all";
+  o.context = !context ? 0 : *context == "state" ? 1 : *context == "alloc" ? 2 : 3;
+  o.cpp_frames = stacks == "all";
+  o.max_entries = max_entries;
+  o.clear_history = clear_history;
+  recordMemoryHistory(o);
+}
+
+// The allocator's state and history as CUDA's snapshot dictionary: {"segments": [...],
+// "device_traces": [[...] per device]}, tracebacks symbolized into frame dictionaries.
+py::dict memorySnapshotPy() {
+  MemorySnapshot snap;
+  {
+    py::gil_scoped_release no_gil;  // gathering takes the allocator's locks
+    snap = memorySnapshot();
+  }
+  // Symbolize every traceback once.
+  std::vector<torch::CapturedTraceback*> tracebacks;
+  std::unordered_map<const c10::GatheredContext*, size_t> index;
+  auto collect = [&](const std::shared_ptr<c10::GatheredContext>& c) {
+    if (!c || index.count(c.get())) return;
+    auto* tb = dynamic_cast<torch::CapturedTraceback*>(c.get());
+    if (tb == nullptr) return;
+    index.emplace(c.get(), tracebacks.size());
+    tracebacks.push_back(tb);
+  };
+  for (auto& seg : snap.segments)
+    for (auto& b : seg.blocks) collect(b.context);
+  for (auto& dev : snap.traces)
+    for (auto& e : dev) collect(e.context);
+  const std::vector<py::object> frames = torch::py_symbolize(tracebacks);
+  auto framesOf = [&](const std::shared_ptr<c10::GatheredContext>& c) -> py::object {
+    if (c) {
+      auto it = index.find(c.get());
+      if (it != index.end()) return frames[it->second];
+    }
+    return py::list();
+  };
+
+  py::list segments;
+  for (auto& seg : snap.segments) {
+    py::list blocks;
+    size_t allocated = 0, requested = 0;
+    for (auto& b : seg.blocks) {
+      py::dict block;
+      block["address"] = b.address;
+      block["size"] = b.size;
+      block["requested_size"] = b.requested_size;
+      block["state"] = b.allocated ? "active_allocated" : "inactive";
+      block["frames"] = framesOf(b.context);
+      blocks.append(block);
+      if (b.allocated) {
+        allocated += b.size;
+        requested += b.requested_size;
+      }
+    }
+    py::dict s;
+    s["device"] = int(seg.device);
+    s["address"] = seg.address;
+    s["total_size"] = seg.total_size;
+    s["allocated_size"] = allocated;
+    s["active_size"] = allocated;
+    s["requested_size"] = requested;
+    s["stream"] = 0;
+    s["segment_type"] = seg.large ? "large" : "small";
+    s["segment_pool_id"] = py::make_tuple(0, 0);
+    s["is_expandable"] = false;
+    s["adopted"] = seg.adopted;
+    s["frames"] = py::list();
+    s["blocks"] = blocks;
+    segments.append(s);
+  }
+  py::list traces;
+  for (auto& dev : snap.traces) {
+    py::list entries;
+    for (auto& e : dev) {
+      py::dict t;
+      t["action"] = e.action;
+      t["addr"] = e.addr;
+      t["size"] = e.size;
+      t["stream"] = e.stream;
+      t["time_us"] = e.time_us;
+      t["frames"] = framesOf(e.context);
+      if (std::string(e.action) == "oom") t["device_free"] = e.device_free;
+      entries.append(t);
+    }
+    traces.append(entries);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  return out;
+}
+
+// The OOM hook: torchneuron.neuron._memory_history._dump_oom_snapshot(device) writes the file.
+std::string dumpOomSnapshot(c10::DeviceIndex device) {
+  if (!Py_IsInitialized()) return {};
+  py::gil_scoped_acquire gil;
+  try {
+    auto mod = py::module_::import("torchneuron.neuron._memory_history");
+    return mod.attr("_dump_oom_snapshot")(int(device)).cast<std::string>();
+  } catch (py::error_already_set& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
 PyMethodDef kEmptyStrided = {"_empty_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                  &emptyStridedFast)), METH_FASTCALL,
                              "_empty_strided(size, stride, dtype, device_index): an uninitialized neuron tensor."};
@@ -152,4 +280,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_transfer_stats", &transfers);
   m.def("_host_memory_stats", &hostStats);
   m.def("_reset_transfer_stats", &resetTransfers);
+  m.def("_neuron_record_memory_history", &recordMemoryHistoryPy, py::arg("enabled"), py::arg("context"),
+        py::arg("stacks"), py::arg("max_entries"), py::arg("clear_history"));
+  m.def("_neuron_memory_history_enabled", &memoryHistoryEnabled);
+  m.def("_neuron_memory_snapshot", &memorySnapshotPy);
+  setOomSnapshotHook(&dumpOomSnapshot);
 }

@@ -196,6 +196,47 @@ def _run_project(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_memviz_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``memviz`` subcommand."""
+    parser.add_argument("snapshot", metavar="SNAPSHOT",
+                        help="a pickled memory snapshot (torch.neuron.memory._dump_snapshot, or an OOM dump)")
+    parser.add_argument("-o", "--output", metavar="OUT.html",
+                        help="the HTML file to write (default: SNAPSHOT with the suffix .html)")
+    parser.add_argument("--kind", choices=("trace", "segments"), default="trace",
+                        help="trace: memory in use over time; segments: the allocator's segments and blocks, "
+                             "event by event (default: trace)")
+
+
+def _run_memviz(args: argparse.Namespace) -> int:
+    """Write the HTML view of a memory snapshot with PyTorch's renderers."""
+    import os
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    try:
+        with open(args.snapshot, "rb") as f:
+            snapshot = pickle.load(f)
+    except (OSError, pickle.UnpicklingError, EOFError) as e:
+        print(f"torchneuron memviz: cannot read {args.snapshot}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(snapshot, dict) or "segments" not in snapshot or "device_traces" not in snapshot:
+        print(f"torchneuron memviz: {args.snapshot} is not a memory snapshot (no 'segments' and 'device_traces'); "
+              "write one with torch.neuron.memory._dump_snapshot()", file=sys.stderr)
+        return 2
+    if args.kind == "trace":
+        html = _memory_viz.trace_plot(snapshot)
+    else:
+        html = _memory_viz.segment_plot(snapshot)
+    output = args.output or os.path.splitext(args.snapshot)[0] + ".html"
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(html)
+    entries = sum(len(t) for t in snapshot["device_traces"])
+    print(f"wrote {output} ({len(snapshot['segments'])} segments, {entries} trace entries); "
+          "open it in a browser (the page loads PyTorch's viewer script from cdn.jsdelivr.net)")
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command(
         "demo",
@@ -211,6 +252,8 @@ COMMANDS: list[Command] = [
             _add_parity_arguments, _run_parity),
     Command("project", "count a program's work and project its step time and cost on Trainium and GPU "
             "instances (a projection, not a measurement)", _add_project_arguments, _run_project),
+    Command("memviz", "write the HTML view of a memory snapshot (torch.neuron.memory._dump_snapshot) with "
+            "PyTorch's memory visualizer", _add_memviz_arguments, _run_memviz),
 ]
 
 

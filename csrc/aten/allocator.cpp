@@ -6,12 +6,22 @@
 // through a wrapper of the CPU allocator (DeviceOutputScope); buffers they
 // produce some other way are adopted: charged to the device and counted like
 // any other allocation.
+//
+// Memory history (recordMemoryHistory): while it is on, blocks keep the traceback that allocated
+// them and each device keeps a bounded ring of what the allocator did, in the structure of
+// PyTorch's CUDA snapshots (memorySnapshot). While it is off, the allocation and free paths pay
+// a relaxed atomic load or two.
 #include "neuron.h"
+
+#include <torch/csrc/profiler/combined_traceback.h>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <iterator>
 #include <map>
@@ -19,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -43,13 +54,41 @@ std::string formatBytes(size_t n) {
   return buf;
 }
 
+// Every block is a segment of its own (the runtime's allocation), allocated or cached.
 struct Block {
   void* ptr = nullptr;
   size_t size = 0;        // bytes charged to the device (rounded)
   size_t requested = 0;   // bytes asked for
   c10::DeviceIndex device = 0;
+  bool allocated = false;  // false while cached
   c10::DataPtr host;      // set for adopted host buffers
+  std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (memory history)
+  Block* prev = nullptr;  // the device's list of segments
+  Block* next = nullptr;
 };
+
+// ---- memory history --------------------------------------------------------
+enum class Context { Never = 0, State = 1, Alloc = 2, All = 3 };
+
+std::atomic<bool> g_recording{false};      // blocks keep their allocation context
+std::atomic<bool> g_trace{false};          // the per-device rings record actions
+std::atomic<int> g_context{0};             // a Context
+std::atomic<bool> g_cpp_frames{false};
+std::atomic<size_t> g_max_entries{SIZE_MAX};
+std::atomic<OomSnapshotHook> g_oom_hook{nullptr};
+
+inline bool recording() { return g_recording.load(std::memory_order_relaxed); }
+
+std::shared_ptr<c10::GatheredContext> gatherContext(Context needed) {
+  if (g_context.load(std::memory_order_relaxed) < static_cast<int>(needed)) return nullptr;
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false,
+                                          g_cpp_frames.load(std::memory_order_relaxed));
+}
+
+int64_t nowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 void deleteBlock(void* ctx);
 
@@ -65,8 +104,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     checkDevice(device);
     auto& d = *devices_[device];
     const size_t size = roundSize(nbytes);
+    std::shared_ptr<c10::GatheredContext> context;
+    if (recording()) context = gatherContext(Context::State);
     Block* block = nullptr;
-    {
+    try {
       std::lock_guard<std::mutex> lock(d.mutex);
       // The block freed last (its memory is likeliest still in the host's caches): equal keys of
       // a multimap keep their insertion order.
@@ -78,15 +119,19 @@ class NeuronAllocator final : public c10::DeviceAllocator {
         d.cached_bytes -= size;
       } else {
         void* ptr = nullptr;
-        reserveLocked(d, device, size, nbytes, [&] { return rt::malloc(device, &ptr, size); });
+        reserveLocked(d, device, size, nbytes, context, [&] { return rt::malloc(device, &ptr, size); });
         block = new Block();
         block->ptr = ptr;
         block->size = size;
         block->device = device;
-        countSegment(d, size, +1);
+        addSegmentLocked(d, block, context);
       }
       block->requested = nbytes;
+      block->allocated = true;
       countAllocation(d, *block, +1);
+      if (recording()) noteAllocLocked(d, block, std::move(context));
+    } catch (const c10::OutOfMemoryError& e) {
+      failWithSnapshot(e, device);
     }
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
@@ -95,38 +140,108 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     checkDevice(device);
     auto& d = *devices_[device];
     const size_t size = roundSize(nbytes);
+    std::shared_ptr<c10::GatheredContext> context;
+    if (recording()) context = gatherContext(Context::State);
     auto* block = new Block();
-    {
+    try {
       std::lock_guard<std::mutex> lock(d.mutex);
-      try {
-        reserveLocked(d, device, size, nbytes, [&] { return rt::reserve(device, size); });
-      } catch (...) {
-        delete block;
-        throw;
-      }
+      reserveLocked(d, device, size, nbytes, context, [&] { return rt::reserve(device, size); });
       block->ptr = host.get();
       block->size = size;
       block->requested = nbytes;
       block->device = device;
       block->host = std::move(host);
-      countSegment(d, size, +1);
+      addSegmentLocked(d, block, context);
       countAllocation(d, *block, +1);
+      if (recording()) noteAllocLocked(d, block, std::move(context));
+    } catch (const c10::OutOfMemoryError& e) {
+      delete block;
+      failWithSnapshot(e, device);
+    } catch (...) {
+      delete block;
+      throw;
     }
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
 
   void release(Block* block) {
     auto& d = *devices_[block->device];
+    std::shared_ptr<c10::GatheredContext> context;
+    const bool record = recording();
+    if (record) context = gatherContext(Context::All);
     std::lock_guard<std::mutex> lock(d.mutex);
     countAllocation(d, *block, -1);
+    block->allocated = false;
+    if (record) {
+      const int64_t stream = streamId(block->device);
+      noteLocked(d, "free_requested", block->ptr, block->size, stream, context);
+      noteLocked(d, "free_completed", block->ptr, block->size, stream, context);
+    }
+    block->context.reset();
     if (block->host) {
       rt::release(block->device, block->size);
-      countSegment(d, block->size, -1);
+      removeSegmentLocked(d, block, context);
       delete block;  // frees the host buffer
       return;
     }
     d.cache.emplace(block->size, block);
     d.cached_bytes += block->size;
+  }
+
+  void recordHistory(const MemoryHistoryOptions& o) {
+    g_recording.store(false);
+    g_trace.store(false);
+    g_context.store(static_cast<int>(o.context));
+    g_cpp_frames.store(o.cpp_frames);
+    g_max_entries.store(o.max_entries == 0 ? 1 : o.max_entries);
+    for (auto& d : devices_) {
+      std::lock_guard<std::mutex> lock(d->mutex);
+      if (o.clear_history || !o.enabled) {
+        d->trace.clear();
+        d->trace_next = 0;
+      }
+      if (!o.enabled) {
+        for (Block* b = d->segments; b != nullptr; b = b->next) b->context.reset();
+      }
+      // A smaller bound keeps the newest entries.
+      auto ordered = orderedTraceLocked(*d);
+      const size_t bound = g_max_entries.load();
+      if (ordered.size() > bound) ordered.erase(ordered.begin(), ordered.end() - bound);
+      d->trace = std::move(ordered);
+      d->trace_next = 0;
+    }
+    g_trace.store(o.enabled && o.trace);
+    g_recording.store(o.enabled);
+  }
+
+  MemorySnapshot snapshot() {
+    MemorySnapshot s;
+    s.traces.resize(devices_.size());
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      auto& d = *devices_[i];
+      std::lock_guard<std::mutex> lock(d.mutex);
+      for (Block* b = d.segments; b != nullptr; b = b->next) {
+        SnapshotSegment seg;
+        seg.device = static_cast<c10::DeviceIndex>(i);
+        seg.address = reinterpret_cast<uint64_t>(b->ptr);
+        seg.total_size = b->size;
+        seg.large = b->size > kSmallLimit;
+        seg.adopted = static_cast<bool>(b->host);
+        SnapshotBlock blk;
+        blk.address = seg.address;
+        blk.size = b->size;
+        blk.requested_size = b->allocated ? b->requested : 0;
+        blk.allocated = b->allocated;
+        blk.context = b->context;
+        seg.blocks.push_back(std::move(blk));
+        s.segments.push_back(std::move(seg));
+      }
+      s.traces[i] = orderedTraceLocked(d);
+    }
+    std::sort(s.segments.begin(), s.segments.end(), [](const SnapshotSegment& a, const SnapshotSegment& b) {
+      return std::tie(a.device, a.address) < std::tie(b.device, b.address);
+    });
+    return s;
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -138,9 +253,11 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    std::shared_ptr<c10::GatheredContext> context;
+    if (recording()) context = gatherContext(Context::All);
     for (auto& d : devices_) {
       std::lock_guard<std::mutex> lock(d->mutex);
-      freeCachedLocked(*d);
+      freeCachedLocked(*d, context);
     }
   }
 
@@ -186,7 +303,78 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::multimap<size_t, Block*> cache;  // free blocks by size, in the order they were freed
     size_t cached_bytes = 0;
     DeviceStats stats;
+    Block* segments = nullptr;        // every segment, allocated or cached
+    std::vector<SnapshotTrace> trace;  // ring of at most g_max_entries, next write at trace_next
+    size_t trace_next = 0;
   };
+
+  static int64_t streamId(c10::DeviceIndex device) { return currentStream(device).id(); }
+
+  // Appends an action to the device's ring (when the history records actions).
+  static void noteLocked(DeviceState& d, const char* action, const void* addr, size_t size, int64_t stream,
+                         std::shared_ptr<c10::GatheredContext> context, size_t device_free = 0) {
+    if (!g_trace.load(std::memory_order_relaxed)) return;
+    SnapshotTrace e{action, reinterpret_cast<uint64_t>(addr), size, stream, nowUs(), device_free, std::move(context)};
+    const size_t bound = g_max_entries.load(std::memory_order_relaxed);
+    if (d.trace.size() < bound) {
+      d.trace.push_back(std::move(e));
+    } else {
+      if (d.trace_next >= d.trace.size()) d.trace_next = 0;
+      d.trace[d.trace_next++] = std::move(e);
+    }
+  }
+
+  static std::vector<SnapshotTrace> orderedTraceLocked(const DeviceState& d) {
+    std::vector<SnapshotTrace> out;
+    out.reserve(d.trace.size());
+    const size_t start = d.trace_next < d.trace.size() ? d.trace_next : 0;
+    for (size_t k = 0; k < d.trace.size(); ++k) out.push_back(d.trace[(start + k) % d.trace.size()]);
+    return out;
+  }
+
+  static void noteAllocLocked(DeviceState& d, Block* block, std::shared_ptr<c10::GatheredContext> context) {
+    block->context = context;
+    noteLocked(d, "alloc", block->ptr, block->size, streamId(block->device),
+               g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc) ? std::move(context)
+                                                                                           : nullptr);
+  }
+
+  static void addSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
+    countSegment(d, block->size, +1);
+    block->allocated = true;
+    block->next = d.segments;
+    if (d.segments != nullptr) d.segments->prev = block;
+    d.segments = block;
+    if (recording()) {
+      const bool alloc_ctx = g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc);
+      noteLocked(d, "segment_alloc", block->ptr, block->size, streamId(block->device), alloc_ctx ? context : nullptr);
+    }
+  }
+
+  static void removeSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
+    countSegment(d, block->size, -1);
+    if (block->prev != nullptr) block->prev->next = block->next;
+    else d.segments = block->next;
+    if (block->next != nullptr) block->next->prev = block->prev;
+    block->prev = block->next = nullptr;
+    if (recording()) noteLocked(d, "segment_free", block->ptr, block->size, streamId(block->device), context);
+  }
+
+  // Rethrows an out-of-memory error; while the history is on, with a snapshot written first
+  // (by the hook the Python binding installs) and named in the message.
+  [[noreturn]] static void failWithSnapshot(const c10::OutOfMemoryError& e, c10::DeviceIndex device) {
+    OomSnapshotHook hook = g_oom_hook.load();
+    if (!recording() || hook == nullptr) throw;
+    std::string path;
+    try {
+      path = hook(device);
+    } catch (const std::exception& err) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " (Writing a memory snapshot failed: ", err.what(), ")");
+    }
+    if (path.empty()) throw;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " A memory snapshot was written to ", path,
+                     " (open it with `torchneuron memviz` or PyTorch's memory visualizer).");
+  }
 
   template <class Fn>
   static void forEachStat(DeviceStats& stats, Fn fn) {
@@ -218,10 +406,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     (sign > 0 ? d.stats.num_device_alloc : d.stats.num_device_free)++;
   }
 
-  static void freeCachedLocked(DeviceState& d) {
+  static void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
     for (auto& [size, block] : d.cache) {
       rt::free(block->ptr);
-      countSegment(d, size, -1);
+      removeSegmentLocked(d, block, context);
       delete block;
     }
     d.cache.clear();
@@ -231,11 +419,12 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // Runs `get` (a runtime allocation); on a full device, frees the cache and
   // tries once more, then raises OutOfMemoryError. Called with d.mutex held.
   template <typename Fn>
-  void reserveLocked(DeviceState& d, c10::DeviceIndex device, size_t size, size_t requested, Fn get) {
+  void reserveLocked(DeviceState& d, c10::DeviceIndex device, size_t size, size_t requested,
+                     const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
     rt::Status s = get();
     if (s == rt::Status::OutOfMemory && !d.cache.empty()) {
       d.stats.num_alloc_retries++;
-      freeCachedLocked(d);
+      freeCachedLocked(d, context);
       s = get();
     }
     if (s == rt::Status::Success) return;
@@ -247,6 +436,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     rt::memGetInfo(device, &free_bytes, &total);
     const auto allocated = d.stats.allocated_bytes[0].current;
     const auto reserved = d.stats.reserved_bytes[0].current;
+    if (recording()) noteLocked(d, "oom", nullptr, requested, streamId(device), context, free_bytes);
     TORCH_CHECK_WITH(OutOfMemoryError, false,
         "neuron out of memory. Tried to allocate ", formatBytes(requested),
         ". neuron:", int(device), " has a total capacity of ", formatBytes(total),
@@ -377,6 +567,14 @@ std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::Devi
 }
 
 c10::DeviceAllocator* deviceAllocator() { return &allocator(); }
+
+void recordMemoryHistory(const MemoryHistoryOptions& options) { allocator().recordHistory(options); }
+
+bool memoryHistoryEnabled() { return recording(); }
+
+MemorySnapshot memorySnapshot() { return allocator().snapshot(); }
+
+void setOomSnapshotHook(OomSnapshotHook hook) { g_oom_hook.store(hook); }
 
 c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device) {
   return allocator().adopt(std::move(host), nbytes, device);

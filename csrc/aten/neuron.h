@@ -15,8 +15,10 @@ struct OperatorName;
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace torchneuron {
 
@@ -62,6 +64,51 @@ class DeviceOutputScope {
 // When a CPU storage holds a block of `device`'s caching allocator (allocated in a DeviceOutputScope),
 // takes it out of the storage as the device memory it is; otherwise nothing.
 std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device);
+
+// Memory history, in the structure of PyTorch's CUDA memory snapshots.
+struct MemoryHistoryOptions {
+  bool enabled = false;     // blocks keep where they were allocated
+  bool trace = false;       // each device also keeps a ring of the allocator's actions
+  int context = 0;          // tracebacks for: 0 nothing, 1 live blocks, 2 and allocations, 3 and frees
+  bool cpp_frames = false;  // C++ frames besides Python's
+  size_t max_entries = SIZE_MAX;
+  bool clear_history = false;
+};
+void recordMemoryHistory(const MemoryHistoryOptions& options);
+bool memoryHistoryEnabled();
+struct SnapshotBlock {
+  uint64_t address = 0;
+  size_t size = 0;
+  size_t requested_size = 0;
+  bool allocated = false;
+  std::shared_ptr<c10::GatheredContext> context;  // a torch::CapturedTraceback, or none
+};
+struct SnapshotSegment {
+  c10::DeviceIndex device = 0;
+  uint64_t address = 0;
+  size_t total_size = 0;
+  bool large = false;
+  bool adopted = false;  // a host buffer a kernel made, charged to the device
+  std::vector<SnapshotBlock> blocks;
+};
+struct SnapshotTrace {
+  const char* action;  // alloc, free_requested, free_completed, segment_alloc, segment_free, oom
+  uint64_t addr;
+  size_t size;
+  int64_t stream;
+  int64_t time_us;
+  size_t device_free;  // oom only
+  std::shared_ptr<c10::GatheredContext> context;
+};
+struct MemorySnapshot {
+  std::vector<SnapshotSegment> segments;         // every device's, by device then address
+  std::vector<std::vector<SnapshotTrace>> traces;  // per device, oldest first
+};
+MemorySnapshot memorySnapshot();
+// Called (with no allocator lock held) when an allocation fails while the history is on: writes a
+// snapshot and returns its path, which the OutOfMemoryError then names.
+using OomSnapshotHook = std::string (*)(c10::DeviceIndex device);
+void setOomSnapshotHook(OomSnapshotHook hook);
 
 // ---- random (generator.cpp; the kernels in random_ops.cpp) -----------------
 const at::Generator& defaultGenerator(c10::DeviceIndex index);

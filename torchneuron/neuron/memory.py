@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from .. import _C
+from ._memory_history import _dump_snapshot, _record_memory_history, _snapshot  # noqa: F401
 from ._utils import _get_device_index
 
 __all__ = [
