@@ -233,7 +233,7 @@ def _run_memviz(args: argparse.Namespace) -> int:
         f.write(html)
     entries = sum(len(t) for t in snapshot["device_traces"])
     print(f"wrote {output} ({len(snapshot['segments'])} segments, {entries} trace entries); "
-          "open it in a browser (the page loads PyTorch's viewer script from cdn.jsdelivr.net)")
+          "open it in a browser (the page loads PyTorch's viewer script from a public CDN when it opens)")
     return 0
 
 
