@@ -1,4 +1,4 @@
-// Walking a boxed op's arguments, for the fallbacks that run PyTorch's CPU kernels (fallback.cpp
+// Walking a boxed op's arguments and results, for the fallbacks that run PyTorch's CPU kernels (fallback.cpp
 // for dense and nested tensors, sparse.cpp for sparse ones).
 #pragma once
 
@@ -50,6 +50,25 @@ bool convertArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, T
     }
   }
   return cpu_device;
+}
+
+// Replaces each tensor among `op`'s results on the stack (alone or in a list) by result(t).
+template <class ResultFn>
+void convertResults(const c10::OperatorHandle& op, torch::jit::Stack* stack, ResultFn&& result) {
+  const size_t n = op.schema().returns().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    auto& iv = (*stack)[i];
+    if (iv.isTensor()) {
+      iv = result(std::move(iv).toTensor());
+    } else if (iv.isTensorList()) {
+      auto list = iv.toTensorList();
+      iv = c10::IValue();  // the list's tensors are its own: results may then take their buffers
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (size_t j = 0; j < list.size(); ++j) out.push_back(result(list.extract(j)));
+      iv = std::move(out);
+    }
+  }
 }
 
 // Gives a CPU kernel's generator arguments a CPU generator keyed from the neuron device's stream

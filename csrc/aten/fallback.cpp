@@ -134,24 +134,8 @@ class Call {
 
   void convertReturns(torch::jit::Stack* stack) {
     const size_t n = op_.schema().returns().size();
-    const size_t first = stack->size() - n;
-    if (n > 1) countSharedOutputs(stack, first);
-    for (size_t i = first; i < stack->size(); ++i) {
-      auto& iv = (*stack)[i];
-      if (iv.isTensor()) {
-        iv = toNeuron(std::move(iv).toTensor());
-      } else if (iv.isTensorList()) {
-        auto list = iv.toTensorList();
-        iv = c10::IValue();
-        c10::List<at::Tensor> out;
-        out.reserve(list.size());
-        for (size_t j = 0; j < list.size(); ++j) {
-          at::Tensor t = list.extract(j);
-          out.push_back(toNeuron(std::move(t)));
-        }
-        iv = std::move(out);
-      }
-    }
+    if (n > 1) countSharedOutputs(stack, stack->size() - n);
+    convertResults(op_, stack, [&](at::Tensor t) { return toNeuron(std::move(t)); });
   }
 
  private:

@@ -226,20 +226,7 @@ class SparseCall {
   }
 
   void convertReturns(torch::jit::Stack* stack) {
-    const size_t n = op_.schema().returns().size();
-    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
-      auto& iv = (*stack)[i];
-      if (iv.isTensor()) {
-        iv = toNeuron(std::move(iv).toTensor());
-      } else if (iv.isTensorList()) {
-        auto list = iv.toTensorList();
-        iv = c10::IValue();
-        c10::List<at::Tensor> out;
-        out.reserve(list.size());
-        for (size_t j = 0; j < list.size(); ++j) out.push_back(toNeuron(list.extract(j)));
-        iv = std::move(out);
-      }
-    }
+    convertResults(op_, stack, [&](at::Tensor t) { return toNeuron(std::move(t)); });
   }
 
  private:
