@@ -1,5 +1,5 @@
-// Walking a boxed op's arguments and results, for the fallbacks that run PyTorch's CPU kernels (fallback.cpp
-// for dense and nested tensors, sparse.cpp for sparse ones).
+// Walking a boxed op's arguments and results, and the dispatcher's aten ops, for the fallbacks that
+// run PyTorch's CPU kernels (fallback.cpp for dense and nested tensors, sparse.cpp for sparse ones).
 #pragma once
 
 #include "neuron.h"
@@ -8,6 +8,7 @@
 #include <ATen/core/stack.h>
 
 #include <optional>
+#include <string>
 
 namespace torchneuron {
 
@@ -68,6 +69,21 @@ void convertResults(const c10::OperatorHandle& op, torch::jit::Stack* stack, Res
       for (size_t j = 0; j < list.size(); ++j) out.push_back(result(list.extract(j)));
       iv = std::move(out);
     }
+  }
+}
+
+// Calls fn(op, name) for each aten op with a schema, `name` as torch::Library::impl takes it
+// ("add.Tensor"), for registering a fallback where PyTorch's own kernels would otherwise win.
+template <class Fn>
+void forEachAtenOp(Fn&& fn) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    std::string qualified = name.name.substr(6);
+    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+    fn(*op, qualified);
   }
 }
 

@@ -269,29 +269,23 @@ void preferCpuKernels() {
   nested = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__,
                               __LINE__);
   const auto fallback = [] { return torch::CppFunction::makeFromBoxedFunction<&neuronFallback>(); };
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto op = dispatcher.findOp(name);
-    if (!op || !op->hasSchema()) continue;
-    std::string qualified = name.name.substr(6);
-    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+  forEachAtenOp([&](const c10::OperatorHandle& op, const std::string& qualified) {
     // Nested tensors: the CPU's nested kernel, also where a generic kernel would otherwise win.
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
+        !op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
       nested->impl(qualified.c_str(), fallback());
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
-      continue;
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
-      continue;
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+      return;
+    if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+      return;
     bool is_view = false;
-    for (const auto& ret : op->schema().returns())
+    for (const auto& ret : op.schema().returns())
       if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) is_view = true;
-    if (is_view) continue;
+    if (is_view) return;
     library->impl(qualified.c_str(), fallback());
-  }
+  });
 }
 
 }  // namespace torchneuron

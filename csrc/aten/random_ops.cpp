@@ -18,7 +18,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <c10/util/irange.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -421,10 +420,10 @@ at::Tensor& bernoulliScalar(at::Tensor& self, double p, std::optional<at::Genera
 at::Tensor& bernoulliTensor(at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
   const auto probabilities = p.device().type() == kNeuron ? cpuAlias(p) : p;
   if (probabilities.numel() > 0) {
-    const auto [low, high] = at::aminmax(probabilities.to(at::kDouble));
-    TORCH_CHECK(low.item<double>() >= 0 && high.item<double>() <= 1,
-                "bernoulli_ expects all elements of p to be in [0, 1], but got p with values in [",
-                low.item<double>(), ", ", high.item<double>(), "]");
+    const auto [low_t, high_t] = at::aminmax(probabilities.to(at::kDouble));
+    const double low = low_t.item<double>(), high = high_t.item<double>();
+    TORCH_CHECK(low >= 0 && high <= 1, "bernoulli_ expects all elements of p to be in [0, 1], but got p with values in [",
+                low, ", ", high, "]");
   }
   auto uniforms = at::empty(self.sizes(), self.options().dtype(at::kFloat));
   elementwise<float>(uniforms, gen, false, [](uint32_t a, uint32_t) { return uniformFloat(a); });

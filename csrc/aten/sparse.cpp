@@ -436,20 +436,13 @@ void preferSparseCpuKernels() {
   coo = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::SparsePrivateUse1, __FILE__, __LINE__);
   compressed = new torch::Library(torch::Library::IMPL, "aten", DispatchKey::SparseCsrPrivateUse1, __FILE__,
                                   __LINE__);
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& name : dispatcher.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
-    auto op = dispatcher.findOp(name);
-    if (!op || !op->hasSchema()) continue;
-    std::string qualified = name.name.substr(6);
-    if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-    if (op->hasKernelForDispatchKey(DispatchKey::SparseCPU) &&
-        !op->hasKernelForDispatchKey(DispatchKey::SparsePrivateUse1))
+  forEachAtenOp([&](const c10::OperatorHandle& op, const std::string& qualified) {
+    if (op.hasKernelForDispatchKey(DispatchKey::SparseCPU) && !op.hasKernelForDispatchKey(DispatchKey::SparsePrivateUse1))
       coo->impl(qualified.c_str(), fallback());
-    if (op->hasKernelForDispatchKey(DispatchKey::SparseCsrCPU) &&
-        !op->hasKernelForDispatchKey(DispatchKey::SparseCsrPrivateUse1))
+    if (op.hasKernelForDispatchKey(DispatchKey::SparseCsrCPU) &&
+        !op.hasKernelForDispatchKey(DispatchKey::SparseCsrPrivateUse1))
       compressed->impl(qualified.c_str(), fallback());
-  }
+  });
 }
 
 }  // namespace torchneuron
