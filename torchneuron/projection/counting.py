@@ -152,6 +152,9 @@ class StepCounts:
     start_bytes: int = 0
     peak_bytes: int = 0
     forward_peak_bytes: int = 0
+    counted: bool = True
+    repeat_of: int = -1
+    segment: int = -1
 
     def total(self, attr: str = "flops", cls: Optional[str] = None) -> float:
         """Sum ``attr`` (``flops``, ``bytes_read``, ``bytes_written``) over ops, optionally of one class."""
@@ -231,6 +234,11 @@ class CountingMode(TorchDispatchMode):
 
     Args:
         group_size: ranks assumed for collectives whose process group cannot be read (default 1).
+        auto_steps: each ``Optimizer.step`` closes a step until :meth:`mark_step` is first called.
+        full_steps: count this many steps op by op, then only watch the steps that follow through
+            PyTorch's profiler (kernel names, input shapes and dtypes, recorded in C++) and, when
+            counting ends, give each the records of the fully counted step whose kernels it repeats
+            exactly (:meth:`resolve`). ``None``: every step is counted op by op.
 
     Example::
 
@@ -240,8 +248,13 @@ class CountingMode(TorchDispatchMode):
         print(counter.steps[0].total("flops"))
     """
 
-    def __init__(self, group_size: int = 1, auto_steps: bool = True) -> None:
+    def __init__(self, group_size: int = 1, auto_steps: bool = True, full_steps: Optional[int] = None) -> None:
         super().__init__()
+        self.full_steps = full_steps
+        self.unmatched_steps = 0
+        self._dispatching = False
+        self._watch: Optional[_KernelWatch] = None
+        self._segment = 0
         self.group_size = group_size
         self.auto_steps = auto_steps
         self.marked = False
@@ -274,13 +287,52 @@ class CountingMode(TorchDispatchMode):
                 self._close_step()
 
         self._hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        if self.full_steps is not None:
+            self._watch = _KernelWatch()
+            self._watch.start()
+        self._dispatching = True
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        return super().__exit__(*exc)
+        if self._dispatching:
+            self._dispatching = False
+            super().__exit__(*exc)
+        if self._watch is not None:
+            watch, self._watch = self._watch, None
+            self.resolve(watch.stop())
+
+    def _stop_dispatch(self) -> None:
+        """Stop counting op by op (the steps that follow are watched through the profiler)."""
+        if self._dispatching:
+            self._dispatching = False
+            super().__exit__(None, None, None)
+
+    def resolve(self, signatures: Dict[int, Any]) -> None:
+        """Give each watched step the records of the fully counted step whose kernels it repeats.
+
+        Args:
+            signatures: per segment of the profiler's timeline (the ops between two step
+                boundaries), a hashable summary of its kernels (:class:`_KernelWatch`).
+        """
+        full = {}
+        for i, step in enumerate(self.steps):
+            if step.counted and step.segment >= 0:
+                full.setdefault(signatures.get(step.segment), i)
+        for step in self.steps[:-1]:  # the last one is still open: nothing ran in it
+            if step.counted:
+                continue
+            match = full.get(signatures.get(step.segment)) if step.segment in signatures else None
+            if match is None:
+                self.unmatched_steps += 1
+                continue
+            src = self.steps[match]
+            step.ops = src.ops
+            step.start_bytes, step.peak_bytes = src.start_bytes, src.peak_bytes
+            step.forward_peak_bytes = src.forward_peak_bytes
+            step.counted, step.repeat_of = True, match
 
     # -- steps ---------------------------------------------------------------------------------
     @property
@@ -304,19 +356,32 @@ class CountingMode(TorchDispatchMode):
         self._sweep()
         self.current.tokens += tokens
         self.current.samples += samples
+        self._boundary(self.current)
         self.steps.append(StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes,
-                                   forward_peak_bytes=self.live_bytes))
+                                     forward_peak_bytes=self.live_bytes, counted=self._dispatching))
+        if self.full_steps is not None and self._dispatching and sum(s.counted for s in self.steps[:-1]) >= self.full_steps:
+            self._stop_dispatch()
+            self.steps[-1].counted = False
+
+    def _boundary(self, step: Optional[StepCounts]) -> None:
+        # The ops of the profiler's timeline between two boundaries form one segment.
+        if step is not None and step.segment < 0:
+            step.segment = self._segment
+        if self._watch is not None:
+            self._watch.boundary()
+            self._segment += 1
 
     def discard(self) -> None:
         """Forget the ops of the open step (model construction, warm-up) without closing it."""
         self._sweep()
+        self._boundary(None)
         self.steps[-1] = StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes,
-                                   forward_peak_bytes=self.live_bytes)
+                                    forward_peak_bytes=self.live_bytes, counted=self.steps[-1].counted)
 
     def completed_steps(self) -> List[StepCounts]:
-        """Steps closed by :meth:`mark_step`, or the open one if none was closed."""
-        done = self.steps[:-1]
-        if not done and self.steps[-1].ops:
+        """Steps closed by :meth:`mark_step` whose work is known, or the open one if none was closed."""
+        done = [s for s in self.steps[:-1] if s.counted]
+        if not self.steps[:-1] and self.steps[-1].ops:
             return [self.steps[-1]]
         return done
 
@@ -372,27 +437,32 @@ class CountingMode(TorchDispatchMode):
 
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        base = func.overloadpacket.__name__
+        info = _OP_INFO.get(func)
+        if info is None:
+            info = _OP_INFO[func] = _op_info(func)
+        base, cls, free, inplace = info
         if base == "_local_scalar_dense" and _is_fake_or_meta(args[0]):
             # A value read back to Python (loss.item()) has no value without data; fake mode reads 1.
             self.data_dependent_reads += 1
             return 1 if not args[0].is_floating_point() else 1.0
-        out = func(*args, **kwargs)
-        if func.namespace in ("profiler", "prim") or _is_free(func, base):
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if free:
             return out
-        inputs = _tensors((args, kwargs))
-        outputs = _tensors(out)
-        if not self.saw_fake and any(_is_fake_or_meta(t) for t in outputs or inputs):
+        inputs = _flat_tensors(args)
+        if kwargs:
+            inputs += _flat_tensors(kwargs.values())
+        outputs = [out] if isinstance(out, torch.Tensor) else _flat_tensors(out) if isinstance(out, (tuple, list)) else []
+        if not self.saw_fake and (outputs or inputs) and _is_fake_or_meta((outputs or inputs)[0]):
             self.saw_fake = True
-        if base.endswith("_") and not outputs:
+        if inplace and not outputs:
             # In-place: the first argument (the first list, for _foreach_ ops) is what is written.
-            outputs = _tensors(args[0]) if args else inputs[:1]
-        cls = _classify(base, func)
+            outputs = _flat_tensors(args[:1]) if args else inputs[:1]
+        in_sizes = [t.numel() * t.element_size() for t in inputs]
+        out_sizes = [t.numel() * t.element_size() for t in outputs]
         flops = 0.0
         if cls == MATMUL:
             if func.overloadpacket in flop_registry:
-                flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+                flops = float(flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out))
             else:
                 flops = _sdpa_cpu_flops(func, args)
         elif cls in (ELEMENTWISE, TRANSCENDENTAL):
@@ -402,22 +472,144 @@ class CountingMode(TorchDispatchMode):
         elif cls == SORT and inputs:
             n = inputs[0].shape[-1] if inputs[0].dim() else 1
             flops = float(inputs[0].numel()) * max(1.0, float(n).bit_length())
-        bytes_read = sum(_nbytes(t) for t in inputs)
-        if base.endswith("_"):
-            bytes_written = sum(_nbytes(t) for t in outputs)
-        else:
-            bytes_written = sum(_nbytes(t) for t in outputs if not any(t is i for i in inputs))
-        dtype = str(_dtype_of(inputs, outputs)).replace("torch.", "")
-        record = OpRecord(str(func), cls, flops, bytes_read, bytes_written, dtype, phase=self._phase,
-                          inputs=tuple((self._ident(t), _nbytes(t)) for t in inputs),
-                          outputs=tuple((self._ident(t), _nbytes(t)) for t in outputs))
+        ids = {id(t) for t in inputs}
+        fresh = [t for t in outputs if id(t) not in ids]
+        bytes_written = sum(out_sizes) if inplace else sum(t.numel() * t.element_size() for t in fresh)
+        dtype = _DTYPE_NAMES[_dtype_of(inputs, outputs)]
+        record = OpRecord(_op_name(func), cls, flops,
+                          sum(in_sizes), bytes_written, dtype, phase=self._phase,
+                          inputs=tuple(zip(map(self._ident, inputs), in_sizes)),
+                          outputs=tuple(zip(map(self._ident, outputs), out_sizes)))
         if cls == COLLECTIVE:
             record.collective = _COLLECTIVE_NAMES.get(base, base)
             record.group_size = _group_size(args) or self.group_size
-            record.bytes_read = sum(_nbytes(t) for t in inputs)
         self.current.ops.append(record)
-        self._track([t for t in outputs if not any(t is i for i in inputs)])
+        self._track(fresh)
         return out
+
+
+_BOUNDARY = "torchneuron::projection_step"
+_ROOT_NAMESPACES = ("aten::", "c10d::", "_c10d_functional::", "c10d_functional::")
+
+
+class _KernelWatch:
+    """A step's kernels as PyTorch's profiler sees them: names, input shapes, dtypes and scalars,
+    recorded in C++ by the dispatcher's callbacks; read back in Python only when counting ends."""
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+
+    def start(self) -> None:
+        self._prof = torch.autograd.profiler.profile(use_kineto=True, record_shapes=True, use_cpu=True)
+        self._prof.__enter__()
+
+    def boundary(self) -> None:
+        with torch.autograd.profiler.record_function(_BOUNDARY):
+            pass
+
+    def stop(self) -> Dict[int, Any]:
+        """End the watch; returns a signature (hashable) per segment between boundaries."""
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        roots = prof.kineto_results.experimental_event_tree()
+        events: List[Any] = []
+        stack = list(roots)
+        while stack:
+            e = stack.pop()
+            name = e.name
+            if name == _BOUNDARY or name.startswith(_ROOT_NAMESPACES):
+                events.append((e.start_time_ns, name, e))
+            else:
+                stack.extend(e.children)
+        events.sort(key=lambda x: x[0])
+        segments: Dict[int, List[Any]] = defaultdict(list)
+        seg = 0
+        for _, name, e in events:
+            if name == _BOUNDARY:
+                seg += 1
+                continue
+            kernel = _watched_name(name)
+            if kernel:
+                segments[seg].append((kernel, tuple(_arg_signature(a) for a in e.extra_fields.inputs)))
+        return {k: hash(tuple(v)) for k, v in segments.items()} | {k: hash(()) for k in range(seg + 1) if k not in segments}
+
+
+_WATCHED: Dict[str, str] = {}
+
+
+def _watched_name(name: str) -> str:
+    """The name a watched kernel is compared by: empty for ops that cost nothing (views, ``detach``,
+    factories without data), and without the in-place ``_``: counting op by op keeps references
+    that can turn an in-place gradient accumulation (``add_``) into an out-of-place one (``add``)."""
+    out = _WATCHED.get(name)
+    if out is None:
+        namespace, _, base = name.partition("::")
+        free = base in _FREE
+        if not free:
+            packet = getattr(getattr(torch.ops, namespace, None), base, None)
+            try:
+                free = any(getattr(packet, o).is_view for o in packet.overloads()) if packet is not None else False
+            except Exception:  # noqa: BLE001 - an op PyTorch cannot describe is compared by name
+                free = False
+        out = _WATCHED[name] = "" if free else name.rstrip("_")
+    return out
+
+
+def _arg_signature(a: Any) -> Any:
+    # Float scalars (learning rates, bias corrections) change from step to step without changing
+    # the work; integers (dimensions, sizes) and flags may change it.
+    if isinstance(a, float):
+        return float
+    if isinstance(a, (int, bool, str)) or a is None:
+        return a
+    if isinstance(a, list):
+        return tuple(_arg_signature(x) for x in a)
+    sizes = getattr(a, "sizes", None)
+    if sizes is not None:
+        return (tuple(sizes), str(a.dtype))
+    return type(a).__name__
+
+
+# Per-op facts that do not change between calls: (base name, class, free, in-place).
+_OP_INFO: Dict[Any, tuple] = {}
+_OP_NAMES: Dict[Any, str] = {}
+_DTYPE_NAMES = {d: str(d).replace("torch.", "") for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
+    torch.int64, torch.bool, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2)}
+
+
+class _DtypeNames(dict):
+    def __missing__(self, key: Any) -> str:
+        name = self[key] = str(key).replace("torch.", "")
+        return name
+
+
+_DTYPE_NAMES = _DtypeNames(_DTYPE_NAMES)
+
+
+def _op_name(func: Any) -> str:
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
+    return name
+
+
+def _op_info(func: Any) -> tuple:
+    base = func.overloadpacket.__name__
+    free = func.namespace in ("profiler", "prim") or _is_free(func, base)
+    return base, _classify(base, func), free, base.endswith("_")
+
+
+def _flat_tensors(items: Any) -> List[torch.Tensor]:
+    """Tensors among ``items`` and inside their lists and tuples (one level of nesting, as ATen
+    signatures have: ``Tensor[]`` and ``Tensor?[]``)."""
+    out = []
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -427,7 +619,7 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def _is_fake_or_meta(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and (t.device.type == "meta" or _is_fake(t))
+    return isinstance(t, torch.Tensor) and (t.is_meta or _is_fake(t))
 
 
 def _group_size(args: tuple) -> int:

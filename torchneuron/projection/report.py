@@ -141,6 +141,8 @@ class Projection:
                     (base["usd_per_work"] / r["usd_per_work"]) if r["usd_per_work"] and base["usd_per_work"] else None)
         summary = C.summarize(steps)
         summary.pop("by_class", None)
+        summary["repeats"] = sum(1 for s in steps if s.repeat_of >= 0)
+        summary["unmatched_steps"] = self.counter.unmatched_steps
         return Report(rows=rows, counted=summary, by_class=C.summarize(steps).get("by_class", {}),
                       fake=self.fake or self.counter.saw_fake,
                       parallel=vars(par), mode=mode, stopped=self.stopped, hints=vars(hints))
@@ -214,6 +216,13 @@ class Report:
                  + (f", {c['samples']:,.0f} samples" if c.get("samples") else ""),
                  f"parallelism: dp={p['dp']} tp={p['tp']} pp={p['pp']} microbatches={p['microbatches']} "
                  f"zero1={p['zero1']}; mode={self.mode}"]
+        if c.get("repeats"):
+            lines.append(f"note: {c['steps'] - c['repeats']} step(s) counted op by op; {c['repeats']} watched through "
+                         "the profiler repeat one of them kernel for kernel and carry its counts")
+        if c.get("unmatched_steps"):
+            lines.append(f"note: {c['unmatched_steps']} watched step(s) repeat no fully counted step (their kernels, "
+                         "shapes or dtypes differ) and are left out; count(full_steps=None) or --count-every-step "
+                         "counts each step op by op")
         if self.stopped:
             lines.append(f"note: {self.stopped}")
         head = f"{'target':<18}{'role':<8}{'step':>11}{'MFU':>7}{'tokens/s':>12}{'samples/s':>11}{'$/hour':>11}{'$/Mtok':>9}{'work/$':>8}  memory/device"
@@ -276,12 +285,17 @@ def _ratio(x: Optional[float]) -> str:
 
 
 @contextlib.contextmanager
-def count(fake: bool = False, group_size: int = 1) -> Iterator[Projection]:
+def count(fake: bool = False, group_size: int = 1, full_steps: Optional[int] = 2) -> Iterator[Projection]:
     """Count the work of the steps run inside the block.
 
     Args:
         fake: run on fake tensors (nothing computed or allocated; values read back to Python are 1).
         group_size: ranks assumed for collectives whose group cannot be read.
+        full_steps: on a real run, count this many steps op by op (a Python dispatch mode, about
+            twice the step's time), then watch the later steps through PyTorch's profiler (a few
+            percent) and give each the counts of the fully counted step whose kernels, shapes and
+            dtypes it repeats; a step that repeats none is left out and reported. ``None`` counts
+            every step op by op. Fake runs always count every step.
 
     Example::
 
@@ -291,7 +305,7 @@ def count(fake: bool = False, group_size: int = 1) -> Iterator[Projection]:
                 p.step(samples=len(x))
         print(p.project(["trn2.48xlarge"], compare=["p5.48xlarge"]).format())
     """
-    counter = C.CountingMode(group_size=group_size)
+    counter = C.CountingMode(group_size=group_size, full_steps=None if fake else full_steps)
     proj = Projection(counter, fake=fake)
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
