@@ -202,6 +202,8 @@ class ModelHints:
         act_bytes: bytes per activation element.
         master_bytes: optimizer bytes per parameter beyond the weights (fp32 master copy and two
             Adam moments: 12); 0 for inference.
+        matmul_dtype: the dtype matmuls run in when it is not the counted one (``"float8"`` for
+            FP8 training of a bf16 model: the tensor engine's FP8 rate); empty: as counted.
     """
 
     params: int = 0
@@ -210,6 +212,7 @@ class ModelHints:
     hidden: int = 0
     act_bytes: int = 2
     master_bytes: int = 12
+    matmul_dtype: str = ""
 
 
 ENGINE_OF = {
@@ -328,7 +331,8 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
             training_opt = k["phase"] == "optimizer"
             split = model_split * (par.dp if (training_opt and par.zero1) else 1)
             repeat = 1 if training_opt else m * (1 + bubble)
-            compute = {e: f / target.rate(e[0], e[1]) for e, f in k["flops"].items() if f and e[0] != "dma"}
+            compute = {e: f / target.rate(e[0], hints.matmul_dtype if hints.matmul_dtype and e[0] == "tensor" else e[1])
+                       for e, f in k["flops"].items() if f and e[0] != "dma"}
             compute_s = sum(compute.values())
             memory_s = k["bytes"] / target.hbm_bandwidth
             w = repeat / split / nsteps
@@ -387,7 +391,7 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     flops = sum(s.total("flops") for s in steps) / nsteps
     model_flops = sum(s.total("flops", C.MATMUL) for s in steps) / nsteps
     train_flops = model_flops * m * par.dp  # optimizer matmuls are none; per global step
-    dtype = _main_dtype(steps)
+    dtype = hints.matmul_dtype or _main_dtype(steps)
     return {
         "step_s": step_s,
         "breakdown": breakdown,

@@ -67,6 +67,8 @@ LLAMA_CONFIGS = {
     "llama2-7b": LlamaConfig(4096, 32, 32, 32, 11008, 32000),
     "llama2-13b": LlamaConfig(5120, 40, 40, 40, 13824, 32000),
     "llama2-70b": LlamaConfig(8192, 80, 64, 8, 28672, 32000),
+    # Mistral 7B (Jiang et al., 2023, Table 1; v0.2 config.json: no sliding window, 32k context).
+    "mistral-7b": LlamaConfig(4096, 32, 32, 8, 14336, 32000),
     # GPT-3 175B (Brown et al., 2020, Table 2.1): 96 layers, d=12288, 96 heads; its 4·d GELU MLP has
     # the weights of a SwiGLU with ffn = 8·d/3, so the matmul FLOPs are the same.
     "gpt3-175b": LlamaConfig(12288, 96, 96, 96, 32768, 50257),

@@ -1,5 +1,12 @@
 """Inference projection: prefill (the prompt, compute-bound) and decode (one token at a time,
 bound by reading weights and KV cache) projected separately, with the KV cache in the memory check.
+
+Time to first token is the prefill plus one decode step: the fixed costs of a forward pass that a
+decode step consists of at batch 1 (a compiled graph's launch, every layer's collective latency,
+reading the weights, sampling) are paid once more before the first token comes back. Stacks that
+run attention without a fused kernel (``attention="unfused"``) also pay, in the prefill, a time per
+attention score (query x key pair, per head a device holds, per layer): the generation's
+``unfused_attention_s_per_score``, fitted on one published row (docs/projection.md).
 """
 
 from __future__ import annotations
@@ -7,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from typing import Any, Dict, List, Sequence
 
 import torch
 
 from torchneuron.projection.counting import CountingMode, StepCounts
-from torchneuron.projection.model import ModelHints, Parallelism, get_target, step_time
+from torchneuron.projection.model import ModelHints, Parallelism, _val, get_target, step_time
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
 
 logger = logging.getLogger("torchneuron")
@@ -31,7 +39,8 @@ def count_forward(cfg: LlamaConfig, batch: int, seq: int, cache_len: int = 0) ->
 
 
 def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: int = 1024, generate: int = 256,
-                    tp: int = 1, mode: str = "compiled", exact: bool = False) -> List[Dict[str, Any]]:
+                    tp: int = 1, mode: str = "compiled", exact: bool = False,
+                    attention: str = "fused") -> List[Dict[str, Any]]:
     """Project serving a Llama-style model: time to first token, time per output token, cost.
 
     Args:
@@ -43,7 +52,11 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
         tp: tensor-parallel degree (devices per model replica).
         mode: ``"compiled"`` (default) or ``"eager"``.
         exact: count every layer instead of extrapolating from one and two layers.
+        attention: ``"fused"`` (a flash-attention kernel: scores never leave the chip) or
+            ``"unfused"`` (scores materialized; the prefill pays the generation's time per score).
     """
+    if attention not in ("fused", "unfused"):
+        raise ValueError(f"attention must be 'fused' or 'unfused', got {attention!r}")
     from torchneuron.projection.validation import extrapolate_layers
 
     cfg = LLAMA_CONFIGS[model] if isinstance(model, str) else model
@@ -63,8 +76,18 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
                                           for c in small), cfg.n_layers)
             tp_dec = extrapolate_layers(*(step_time([count_forward(c, batch, 1, cache)], target, par, mode, hints)
                                           for c in small), cfg.n_layers)
-        ttft = tp_pre["step_s"]
         tpot = tp_dec["step_s"]
+        prefill_breakdown = dict(tp_pre["breakdown"])
+        prefill_breakdown["first decode step"] = tpot
+        if attention == "unfused":
+            per_score = target.gen.get("unfused_attention_s_per_score")
+            if per_score is None or _val(per_score) is None:
+                logger.warning("projection: %s has no unfused_attention_s_per_score; attention scores not costed", name)
+            else:
+                heads = math.ceil(cfg.n_heads / tp)  # a device computes whole heads
+                prefill_breakdown["attention scores (unfused)"] = (
+                    batch * heads * prompt * prompt * cfg.n_layers * float(_val(per_score)))
+        ttft = sum(prefill_breakdown.values())
         total_s = ttft + generate * tpot
         out_tokens_per_s = batch * generate / total_s
         memory = tp_dec["memory"]["weights"] + kv_bytes / tp + tp_pre["memory"]["activations"]
@@ -72,7 +95,7 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
         price = target.price_per_hour
         rows.append({
             "target": name, "tp": tp, "batch": batch, "prompt": prompt, "generate": generate,
-            "prefill_s": ttft, "decode_s_per_token": tpot, "prefill_breakdown": tp_pre["breakdown"],
+            "prefill_s": ttft, "decode_s_per_token": tpot, "prefill_breakdown": prefill_breakdown,
             "decode_breakdown": tp_dec["breakdown"], "output_tokens_per_s_per_replica": out_tokens_per_s,
             "replicas_per_instance": replicas,
             "usd_per_million_output_tokens": (price / 3600 / (out_tokens_per_s * replicas) * 1e6) if price else None,

@@ -37,12 +37,20 @@ _TRN1_DECODER_224 = ("AWS Neuron performance: Trn1 training, decoder models (aws
 _TRN1_INFER = ("AWS Neuron performance: Trn1 inference, decoder models, latency-optimized (aws-neuron/aws-neuron-sdk "
                "about-neuron/benchmarks/trn1/latency_data_decoder.csv, Transformers NeuronX, Neuron 2.18); P50 values")
 _TRN1_INFER_URL = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/benchmarks/trn1/trn1-inference-performance.html"
+_TRN1_INFER_L3 = ("AWS Neuron performance: Trn1 inference, decoder models, latency-optimized (aws-neuron/aws-neuron-sdk "
+                  "about-neuron/benchmarks/trn1/latency_data_decoder.csv, Transformers NeuronX, Neuron 2.18.1); P50 values")
+_L3_NOTE = ("attention taken as fused: Neuron 2.18.1's Llama-3 context encoding costs about a fifth of 2.18.0's per "
+            "attention score on the same attention shape (Mistral-7B); no release note confirms a kernel change, and "
+            "costed as unfused this row would be off by far more (docs/projection.md)")
 _TRN2_INFER = ("AWS Neuron documentation, 'Tutorial: Using Speculative Decoding to improve Llama-3.3-70B inference "
                "performance on Trn2 instances', scenario 1 (no speculation; NxD Inference with vLLM, bf16, TP=64 at LNC=2, "
                "attention/MLP/QKV kernels, sequence parallel), sample LLMPerf output, P50 (aws-neuron/aws-neuron-sdk "
                "libraries/nxd-inference/tutorials/trn2-llama3.3-70b-tutorial.rst)")
 _TRN2_INFER_URL = ("https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/tutorials/"
                    "trn2-llama3.3-70b-tutorial.html")
+_MBRIDGE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, '25.11 NeMo Container', pre-training, "
+            "FP8 current scaling (FP8-CS), Tokens / sec / GPU")
+_MBRIDGE_URL = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/main/docs/performance-summary.md"
 _MEGATRON = ("NVIDIA/Megatron-LM README, 'Training Speed and Scalability': GPT-3 175B (vocab 131072, seq 4096, "
              "batch 1152) strong-scaled on H100, MFU 47% at 96 GPUs and 42% at 4608 GPUs")
 _MEGATRON_URL = "https://github.com/NVIDIA/Megatron-LM#training-speed-and-scalability"
@@ -68,6 +76,10 @@ class Row:
         calibration: whether the row fixed a generation parameter.
         note: what the published configuration adds that the count does not model.
         prompt, generate: serving rows: input and output tokens per sequence.
+        attention: serving rows: ``"unfused"`` when the published stack materializes attention
+            scores (no flash-attention kernel), else ``"fused"``.
+        matmul_dtype: training rows: the dtype the published run's matmuls ran in when it is not
+            the model's (``"float8"`` for FP8 training); empty for the model's own.
     """
 
     name: str
@@ -88,6 +100,8 @@ class Row:
     note: str = ""
     prompt: int = 0
     generate: int = 0
+    attention: str = "fused"
+    matmul_dtype: str = ""
 
     @property
     def microbatches(self) -> int:
@@ -114,21 +128,58 @@ ROWS: List[Row] = [
     Row("Llama-3.1-70B, NxD, BF16, seq 8192", "llama3-70b", "trn1.32xlarge", 32, 4, 32, 8, 1, 1024, 8192, "seq_per_s",
         7.94, _TRN1_DECODER_224, _TRN1_URL, note="FP32 optimizer"),
     Row("Llama-2-7b decode, TP32, batch 1", "llama2-7b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "tpot_ms", 6.70,
-        _TRN1_INFER, _TRN1_INFER_URL, prompt=128, generate=8064),
+        _TRN1_INFER, _TRN1_INFER_URL, prompt=128, generate=8064, attention="unfused"),
     Row("Llama-2-13b decode, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "tpot_ms", 9.84,
-        _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096),
+        _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096, attention="unfused"),
+    Row("Llama-2-13b decode 8192+8192, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 16384,
+        "tpot_ms", 13.41, _TRN1_INFER, _TRN1_INFER_URL, prompt=8192, generate=8192, attention="unfused"),
     Row("Llama-2-70b decode, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 2048, "tpot_ms", 26.04,
-        _TRN1_INFER, _TRN1_INFER_URL, calibration=True, prompt=1024, generate=1024),
+        _TRN1_INFER, _TRN1_INFER_URL, calibration=True, prompt=1024, generate=1024, attention="unfused"),
+    Row("Mistral-7B-v0.2 decode 8192+8192, TP32, batch 1", "mistral-7b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 16384,
+        "tpot_ms", 9.89, _TRN1_INFER, _TRN1_INFER_URL, prompt=8192, generate=8192, attention="unfused"),
+    Row("Llama-2-7b prefill 128, TP32, batch 1", "llama2-7b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "ttft_ms",
+        13.32, _TRN1_INFER, _TRN1_INFER_URL, prompt=128, generate=8064, attention="unfused"),
     Row("Llama-2-13b prefill 4096, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "ttft_ms",
-        864.1, _TRN1_INFER, _TRN1_INFER_URL, prompt=4096, generate=4096),
+        864.1, _TRN1_INFER, _TRN1_INFER_URL, calibration=True, prompt=4096, generate=4096, attention="unfused"),
+    Row("Llama-2-13b prefill 8192, TP32, batch 1", "llama2-13b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 16384, "ttft_ms",
+        2367.9, _TRN1_INFER, _TRN1_INFER_URL, prompt=8192, generate=8192, attention="unfused"),
+    Row("Llama-2-70b prefill 128, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 256, "ttft_ms",
+        53.91, _TRN1_INFER, _TRN1_INFER_URL, prompt=128, generate=128, attention="unfused"),
+    Row("Llama-2-70b prefill 256, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 512, "ttft_ms",
+        81.88, _TRN1_INFER, _TRN1_INFER_URL, prompt=256, generate=256, attention="unfused"),
+    Row("Llama-2-70b prefill 1024, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 2048, "ttft_ms",
+        232.48, _TRN1_INFER, _TRN1_INFER_URL, prompt=1024, generate=1024, attention="unfused"),
     Row("Llama-2-70b prefill 2048, TP32, batch 1", "llama2-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 4096, "ttft_ms",
-        690.96, _TRN1_INFER, _TRN1_INFER_URL, prompt=2048, generate=2048),
+        690.96, _TRN1_INFER, _TRN1_INFER_URL, prompt=2048, generate=2048, attention="unfused"),
+    Row("Mistral-7B-v0.2 prefill 8192, TP32, batch 1", "mistral-7b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 16384,
+        "ttft_ms", 1322.87, _TRN1_INFER, _TRN1_INFER_URL, prompt=8192, generate=8192, attention="unfused"),
+    Row("Llama-3-8B decode (2.18.1), TP32, batch 1", "llama3-8b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192, "tpot_ms",
+        7.03, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=128, generate=8064, note="int8 weight storage"),
+    Row("Llama-3-70B decode (2.18.1), TP32, batch 1", "llama3-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 4096, "tpot_ms",
+        26.2, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=2048, generate=2048),
+    Row("Llama-3-8B prefill 128 (2.18.1), TP32, batch 1", "llama3-8b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192,
+        "ttft_ms", 17.09, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=128, generate=8064, note=_L3_NOTE),
+    Row("Llama-3-8B prefill 4096 (2.18.1), TP32, batch 1", "llama3-8b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 8192,
+        "ttft_ms", 153.02, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=4096, generate=4096, note=_L3_NOTE),
+    Row("Llama-3-70B prefill 128 (2.18.1), TP32, batch 1", "llama3-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 1152,
+        "ttft_ms", 53.2, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=128, generate=1024, note=_L3_NOTE),
+    Row("Llama-3-70B prefill 2048 (2.18.1), TP32, batch 1", "llama3-70b", "trn1.32xlarge", 1, 1, 32, 1, 1, 1, 4096,
+        "ttft_ms", 547.0, _TRN1_INFER_L3, _TRN1_INFER_URL, prompt=2048, generate=2048, note=_L3_NOTE),
     Row("Llama-3.3-70B decode, trn2, TP64, batch 1", "llama3-70b", "trn2.48xlarge", 1, 1, 64, 1, 1, 1, 12800,
         "tpot_ms", 19.83, _TRN2_INFER, _TRN2_INFER_URL, prompt=10000, generate=1500),
     Row("Llama-3.3-70B prefill 10000, trn2, TP64, batch 1", "llama3-70b", "trn2.48xlarge", 1, 1, 64, 1, 1, 1, 12800,
         "ttft_ms", 575.7, _TRN2_INFER, _TRN2_INFER_URL, prompt=10000, generate=1500),
     Row("GPT-3 175B, Megatron-LM, 96 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 12, 3, 4, 8, 1, 1152, 4096, "mfu", 0.47,
         _MEGATRON, _MEGATRON_URL, calibration=True, note="TP=4 PP=8 assumed (the README's table is an image)"),
+    Row("Llama-3 8B, Megatron-Bridge, 8 H100, FP8", "llama3-8b", "p5.48xlarge", 1, 8, 1, 1, 1, 128, 8192, "seq_per_s",
+        14451 * 8 / 8192, _MBRIDGE, _MBRIDGE_URL, matmul_dtype="float8",
+        note="14,451 tokens/s/GPU; FSDP over 8 GPUs modelled as ZeRO-1 data parallel"),
+    Row("Llama-3 70B, Megatron-Bridge, 64 H100, FP8", "llama3-70b", "p5.48xlarge", 8, 2, 4, 8, 1, 128, 8192,
+        "seq_per_s", 1602 * 64 / 8192, _MBRIDGE, _MBRIDGE_URL, matmul_dtype="float8",
+        note="1,602 tokens/s/GPU; virtual pipeline (VP=5) not modelled"),
+    Row("Llama-3 8B, Megatron-Bridge, 8 B200, FP8", "llama3-8b", "p6-b200.48xlarge", 1, 8, 1, 1, 2, 128, 8192,
+        "seq_per_s", 30624 * 8 / 8192, _MBRIDGE, _MBRIDGE_URL, matmul_dtype="float8",
+        note="30,624 tokens/s/GPU; Blackwell projected with Hopper's fitted efficiency"),
     Row("GPT-3 175B, Megatron-LM, 4608 H100", GPT3_175B_MEGATRON, "p5.48xlarge", 576, 144, 4, 8, 1, 1152, 4096, "mfu",
         0.42, _MEGATRON, _MEGATRON_URL, note="TP=4 PP=8 assumed; communication overlapped in the measurement"),
 ]
@@ -203,7 +254,7 @@ def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[s
         from torchneuron.projection.serving import project_serving
 
         (s,) = project_serving(cfg, [row.target], batch=row.microbatch, prompt=row.prompt, generate=row.generate,
-                               tp=row.tp, mode=mode, exact=exact)
+                               tp=row.tp, mode=mode, exact=exact, attention=row.attention)
         seconds = s["decode_s_per_token"] if row.metric == "tpot_ms" else s["prefill_s"]
         projected = seconds * 1e3
         return {"row": row, "projected": projected, "published": row.value, "error": projected / row.value - 1.0,
@@ -211,7 +262,8 @@ def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[s
                 "memory": {"per_device_bytes": s["memory_per_device_bytes"], "fits": s["fits"]}}
     target = get_target(row.target)
     par = Parallelism(dp=row.dp, tp=row.tp, pp=row.pp, microbatches=row.microbatches, nodes=row.nodes)
-    hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim)
+    hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim,
+                       matmul_dtype=row.matmul_dtype)
     if exact:
         t = step_time([count_training_microbatch(cfg, row.microbatch, row.seq)], target, par, mode, hints)
     else:
@@ -225,11 +277,13 @@ def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[s
 
 
 def validate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[str, Any]:
-    """Project every row; summarise the errors of the validation rows (calibration rows excluded)."""
+    """Project every row; the median |error| of the validation rows (calibration rows excluded) and
+    of all rows, and the largest factor between a projection and its published value."""
     results = [project_row(r, mode) for r in (rows or ROWS)]
     held_out = [abs(r["error"]) for r in results if not r["row"].calibration]
     return {"results": results,
             "median_abs_error": statistics.median(held_out) if held_out else 0.0,
+            "median_abs_error_all": statistics.median(abs(r["error"]) for r in results),
             "max_ratio": max(max(r["projected"] / r["published"], r["published"] / r["projected"]) for r in results)}
 
 
@@ -252,8 +306,9 @@ def markdown_table(summary: Dict[str, Any]) -> str:
 def calibrate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[str, float]:
     """Fit each generation's parameters to its calibration rows (least squares in log error).
 
-    Training rows fit ``matmul_efficiency``; serving (decode) rows fit ``link_latency_s`` (in
-    microseconds, after the efficiency). Returns ``{"<generation>.<parameter>": value}``;
+    Training rows fit ``matmul_efficiency``; decode rows fit ``link_latency_s`` (in microseconds);
+    prefill rows of stacks without fused attention fit ``unfused_attention_s_per_score`` (in steps
+    of 10 ps). Parameters are fitted in turn, twice, each with the others' fitted values. Returns ``{"<generation>.<parameter>": value}``;
     ``hardware.json`` holds them rounded. The hardware data is restored afterwards.
     """
     import math
@@ -269,8 +324,10 @@ def calibrate(rows: Optional[List[Row]] = None, mode: str = "compiled") -> Dict[
     for gen, gen_rows in by_gen.items():
         plan = [("matmul_efficiency", [r for r in gen_rows if r.metric in ("seq_per_s", "mfu")],
                  [i / 100 for i in range(20, 101)]),
-                ("link_latency_s", [r for r in gen_rows if r.metric in ("tpot_ms", "ttft_ms")],
-                 [i * 1e-6 for i in range(1, 101)])]
+                ("link_latency_s", [r for r in gen_rows if r.metric == "tpot_ms"], [i * 1e-6 for i in range(1, 101)]),
+                ("unfused_attention_s_per_score", [r for r in gen_rows if r.metric == "ttft_ms" and r.attention == "unfused"],
+                 [i * 1e-11 for i in range(1, 201)])]
+        plan = [(param, param_rows, grid) for param, param_rows, grid in plan if param_rows]
         originals = {param: hw["generations"][gen][param][0] for param, _, _ in plan}
         try:
             for _ in range(2):  # alternate: each parameter refitted with the other's fitted value
