@@ -289,8 +289,9 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
     from torchneuron.cli import main
 
     out = tmp_path / "projection.json"
+    trace = tmp_path / "trace.json"
     code = main(["project", "--target", "trn2.48xlarge", "--compare", "p5.48xlarge@dp=8", "--json", str(out),
-                 "examples/train_cnn.py", "--device", "neuron", "--steps", "2"])
+                 "--trace", str(trace), "examples/train_cnn.py", "--device", "neuron", "--steps", "2"])
     assert code == 0
     text = capsys.readouterr().out
     assert projection.LABEL in text and "trn2.48xlarge" in text and "p5.48xlarge" in text
@@ -301,15 +302,23 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
     assert all(r["step_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values())
     assert rows["p5.48xlarge"]["parallel"]["dp"] == 8 and rows["trn2.48xlarge"]["parallel"]["dp"] == 1
     assert data["sources"]["p5.48xlarge"]
+    # The Chrome trace: one process per target, its kernels back to back adding up to the projected step.
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    for pid, name in names.items():
+        target = name.split()[0]
+        spans = sorted((e["ts"], e["dur"]) for e in events if e["ph"] == "X" and e["pid"] == pid)
+        assert all(a[0] + a[1] == pytest.approx(b[0]) for a, b in zip(spans, spans[1:]))
+        assert sum(d for _, d in spans) == pytest.approx(rows[target]["step_s"] * 1e6, rel=1e-6)
 
 
 def test_watched_steps_carry_the_counts_of_the_step_they_repeat():
     with projection.count(full_steps=None) as every:
         _train("neuron", steps=4)
-    with projection.count(full_steps=1) as watched:
+    with projection.count(full_steps=2) as watched:  # the first step also builds the model
         _train("neuron", steps=4)
     assert watched.counter.unmatched_steps == 0
-    assert [s.repeat_of for s in watched.steps] == [-1, 0, 0, 0]
+    assert [s.repeat_of for s in watched.steps] == [-1, -1, 1, 1]
     # Each watched step repeats the fully counted one, whose records equal a step counted op by op.
     assert _model_work(watched.steps[1:]) == _model_work(every.steps[1:])
     assert [s.samples for s in watched.steps] == [4, 4, 4, 4]
@@ -321,7 +330,7 @@ def test_watched_steps_carry_the_counts_of_the_step_they_repeat():
 def test_a_watched_step_that_repeats_no_counted_step_is_left_out():
     model = _Net().to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with projection.count(full_steps=1) as p:
+    with projection.count(full_steps=1) as p:  # the model is built before counting starts
         for batch in (4, 4, 8):  # the last step runs other shapes than the counted one
             F.cross_entropy(model(torch.randn(batch, 3, 8, 8, device="neuron")),
                             torch.zeros(batch, dtype=torch.long, device="neuron")).backward()

@@ -142,6 +142,11 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples-per-step", type=int, default=0, help="samples per counted step, if the script does not say")
     parser.add_argument("--list-targets", action="store_true", help="print the known instances and exit")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="write the projected device timeline of one step per target as a Chrome trace")
+    parser.add_argument("--count-every-step", action="store_true",
+                        help="count every step op by op (default: the first two; later steps are watched "
+                             "through PyTorch's profiler and carry the counts of the step they repeat)")
     parser.add_argument("script", nargs="?", help="the Python program to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="its arguments (after `--`, all of them, even ones named like ours)")
@@ -181,7 +186,8 @@ def _run_project(args: argparse.Namespace) -> int:
 
     names = [parse(n) for n in args.target.split(",") if n]
     compare = [parse(n) for n in args.compare.split(",") if n]
-    proj = projection.run_script(args.script, args.script_args, fake=args.fake)
+    proj = projection.run_script(args.script, args.script_args, fake=args.fake,
+                                 full_steps=None if args.count_every_step else 2)
     if args.tokens_per_step or args.samples_per_step:
         for step in proj.steps:
             step.tokens = step.tokens or args.tokens_per_step
@@ -193,6 +199,9 @@ def _run_project(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=2, default=str)
+    if args.trace:
+        report.write_chrome_trace(args.trace)
+        print(f"projected timeline: {args.trace} (Chrome trace format; open in Perfetto or chrome://tracing)")
     return 0
 
 

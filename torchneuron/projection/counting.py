@@ -501,7 +501,8 @@ class _KernelWatch:
 
     def start(self) -> None:
         self._prof = torch.autograd.profiler.profile(use_kineto=True, record_shapes=True, use_cpu=True)
-        self._prof.__enter__()
+        with _quiet_stderr():
+            self._prof.__enter__()
 
     def boundary(self) -> None:
         with torch.autograd.profiler.record_function(_BOUNDARY):
@@ -510,7 +511,8 @@ class _KernelWatch:
     def stop(self) -> Dict[int, Any]:
         """End the watch; returns a signature (hashable) per segment between boundaries."""
         prof, self._prof = self._prof, None
-        prof.__exit__(None, None, None)
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
         roots = prof.kineto_results.experimental_event_tree()
         events: List[Any] = []
         stack = list(roots)
@@ -553,6 +555,28 @@ def _watched_name(name: str) -> str:
                 free = False
         out = _WATCHED[name] = "" if free else name.rstrip("_")
     return out
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 while the profiler starts and stops: its C++ side prints a line
+    each time (``USDT: ... profiler_start``) that says nothing to someone counting a program."""
+    import os
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _arg_signature(a: Any) -> Any:

@@ -255,7 +255,10 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
         by_engine: Dict[Any, float] = {}
         for op in run:
             by_engine[(ENGINE_OF[op.cls], op.dtype)] = by_engine.get((ENGINE_OF[op.cls], op.dtype), 0.0) + op.flops
-        kernels.append({"flops": by_engine, "bytes": _fused_bytes(run), "calls": 1, "phase": run[0].phase})
+        names = [op.name.split(".")[1] if op.name.startswith("aten.") else op.name for op in run]
+        label = names[0] if len(names) == 1 else f"fused {names[0]} +{len(names) - 1}"
+        kernels.append({"flops": by_engine, "bytes": _fused_bytes(run), "calls": 1, "phase": run[0].phase,
+                        "name": label})
         run.clear()
 
     for op in ops:
@@ -264,7 +267,8 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
         if mode == "eager" or op.cls == C.MATMUL:
             flush()
             kernels.append({"flops": {(ENGINE_OF[op.cls], op.dtype): op.flops},
-                            "bytes": op.bytes_read + op.bytes_written, "calls": op.count, "phase": op.phase})
+                            "bytes": op.bytes_read + op.bytes_written, "calls": op.count, "phase": op.phase,
+                            "name": op.name})
         else:
             if run and run[-1].phase != op.phase:
                 flush()
@@ -294,7 +298,8 @@ def collective_time(kind: str, nbytes: float, group: int, target: Target, across
 
 
 def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Parallelism] = None,
-              mode: str = "compiled", hints: Optional[ModelHints] = None) -> Dict[str, Any]:
+              mode: str = "compiled", hints: Optional[ModelHints] = None,
+              trace: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Project the time of one optimizer step per device, with its breakdown.
 
     Args:
@@ -304,6 +309,9 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         par: parallelism (default: one device).
         mode: ``"eager"`` (launch per op) or ``"compiled"`` (fused kernels).
         hints: model facts for parallel traffic and memory.
+        trace: if given, receives the projected timeline of one optimizer step on one device (the
+            last counted step's kernels in order, then the parallel traffic): one dict per kernel
+            with ``name``, ``track`` (engine, memory, launch or collectives) and ``seconds``.
 
     Returns:
         A dict: ``step_s``, ``breakdown`` (seconds by component), ``memory`` (bytes per device,
@@ -326,7 +334,8 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     model_split = par.tp * par.pp
     m = par.microbatches
     bubble = (par.pp - 1) / m if par.pp > 1 else 0.0
-    for step in steps:
+    for index, step in enumerate(steps):
+        traced = trace is not None and index == len(steps) - 1
         for k in _kernels(step.ops, mode):
             training_opt = k["phase"] == "optimizer"
             split = model_split * (par.dp if (training_opt and par.zero1) else 1)
@@ -336,17 +345,27 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
             compute_s = sum(compute.values())
             memory_s = k["bytes"] / target.hbm_bandwidth
             w = repeat / split / nsteps
-            if compute_s >= memory_s and compute:
+            bound = "compute" if compute_s >= memory_s and compute else "memory"
+            if bound == "compute":
                 for (engine, _), s in compute.items():
                     add(f"compute:{engine}", s * w)
             else:
                 add("memory-bound", memory_s * w)
-            add("launch overhead", fixed_cost * k["calls"] * repeat / par.pp / nsteps)
+            launch = fixed_cost * k["calls"] * repeat / par.pp
+            add("launch overhead", launch / nsteps)
+            if traced:
+                engine = max(compute, key=compute.get)[0] if bound == "compute" else "memory-bound"
+                trace.append({"name": k["name"], "track": engine, "seconds": max(compute_s, memory_s) * repeat / split,
+                              "phase": k["phase"], "flops": sum(k["flops"].values()), "bytes": k["bytes"]})
+                if launch:
+                    trace.append({"name": "launch", "track": "launch", "seconds": launch})
         for op in step.ops:
             if op.cls == C.COLLECTIVE:
                 group = op.group_size or 1
-                add("collectives:program", collective_time(op.collective, op.bytes_read, group, target,
-                                                           group > devices_per_node) * m / nsteps)
+                t = collective_time(op.collective, op.bytes_read, group, target, group > devices_per_node) * m
+                add("collectives:program", t / nsteps)
+                if traced:
+                    trace.append({"name": f"{op.collective} ({group} ranks)", "track": "collectives", "seconds": t})
 
     # Data-parallel gradient synchronisation (ZeRO-1: reduce-scatter + all-gather = one all-reduce).
     if par.dp > 1:
@@ -374,6 +393,13 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         across = par.devices > devices_per_node
         add("collectives:pp", collective_time("send", act, 2, target, across) * (2 if training else 1) * m)
 
+    if trace is not None:
+        for key in ("collectives:dp", "collectives:tp", "collectives:pp"):
+            if breakdown.get(key):
+                trace.append({"name": {"collectives:dp": "data-parallel gradient all-reduce",
+                                       "collectives:tp": "tensor-parallel all-reduces (all layers)",
+                                       "collectives:pp": "pipeline sends"}[key],
+                              "track": "collectives", "seconds": breakdown[key]})
     step_s = sum(breakdown.values())
     # Memory per device.
     act_bytes = max((s.forward_peak_bytes - s.start_bytes) for s in steps) if steps else 0

@@ -125,9 +125,11 @@ class Projection:
             pars = {n: parallel or Parallelism() for n in names}
         par = pars[names[0]] if names else Parallelism()
         rows = []
+        timelines: Dict[str, List[Dict[str, Any]]] = {}
         for name in names:
             tgt = get_target(name)
-            rows.append(_row(tgt, step_time(steps, tgt, pars[name], mode, hints), pars[name],
+            timelines[name] = []
+            rows.append(_row(tgt, step_time(steps, tgt, pars[name], mode, hints, trace=timelines[name]), pars[name],
                              role="target" if name in targets else "compare"))
         if rows:
             # Work per dollar: tokens (else samples, else steps) per dollar, relative to the first row.
@@ -145,7 +147,7 @@ class Projection:
         summary["unmatched_steps"] = self.counter.unmatched_steps
         return Report(rows=rows, counted=summary, by_class=C.summarize(steps).get("by_class", {}),
                       fake=self.fake or self.counter.saw_fake,
-                      parallel=vars(par), mode=mode, stopped=self.stopped, hints=vars(hints))
+                      parallel=vars(par), mode=mode, stopped=self.stopped, hints=vars(hints), timelines=timelines)
 
 
 def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str) -> Dict[str, Any]:
@@ -191,6 +193,37 @@ class Report:
     mode: str
     stopped: str = ""
     hints: Dict[str, Any] = field(default_factory=dict)
+    timelines: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    def chrome_trace(self) -> Dict[str, Any]:
+        """The projected device timeline of one optimizer step per target, in the Chrome trace
+        format (``chrome://tracing``, Perfetto): one process per target, one thread per engine,
+        kernels back to back in program order (no overlap is modelled), each kernel's time summed
+        over the step's microbatches."""
+        events: List[Dict[str, Any]] = []
+        tracks = ["tensor", "vector", "scalar", "gpsimd", "memory-bound", "launch", "collectives"]
+        for pid, (target, timeline) in enumerate(self.timelines.items(), start=1):
+            events.append({"ph": "M", "name": "process_name", "pid": pid,
+                           "args": {"name": f"{target} (PROJECTION, {self.mode})"}})
+            for tid, track in enumerate(tracks, start=1):
+                events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": track}})
+            t = 0.0
+            for e in timeline:
+                dur = e["seconds"] * 1e6
+                args = {k: v for k, v in e.items() if k not in ("name", "track", "seconds")}
+                events.append({"ph": "X", "name": e["name"], "cat": e["track"], "pid": pid,
+                               "tid": tracks.index(e["track"]) + 1 if e["track"] in tracks else len(tracks) + 1,
+                               "ts": t, "dur": dur, "args": args})
+                t += dur
+        return {"traceEvents": events, "displayTimeUnit": "ms",
+                "otherData": {"label": LABEL, "assumptions": ASSUMPTIONS}}
+
+    def write_chrome_trace(self, path: str) -> None:
+        """Write :meth:`chrome_trace` as JSON to ``path``."""
+        import json
+
+        with open(path, "w") as f:
+            json.dump(self.chrome_trace(), f)
 
     def row(self, target: str) -> Dict[str, Any]:
         """The row of one target."""
@@ -355,16 +388,16 @@ def _fake_module_moves() -> Iterator[None]:
         torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
-def run_script(path: str, argv: Sequence[str], fake: bool = False) -> Projection:
+def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: Optional[int] = 2) -> Projection:
     """Run a Python script as ``__main__`` while counting its work.
 
     Under ``fake`` a data-dependent shape (``nonzero``, boolean indexing...) stops the run; the steps
-    counted before it are kept and the report says where it stopped.
+    counted before it are kept and the report says where it stopped. ``full_steps`` as for :func:`count`.
     """
     old_argv = sys.argv
     sys.argv = [path, *argv]
     try:
-        with count(fake=fake) as proj:
+        with count(fake=fake, full_steps=full_steps) as proj:
             try:
                 runpy.run_path(path, run_name="__main__")
             except SystemExit as e:
