@@ -15,7 +15,7 @@ import warnings
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(
@@ -47,6 +47,8 @@ setup(
         CppExtension(
             "torchneuron._C",
             SOURCES,
+            # Kineto's headers (the profiler's PrivateUse1 extension point) include each other by bare name.
+            include_dirs=[os.path.join(p, "kineto") for p in include_paths()],
             extra_compile_args={"cxx": ["-O2", "-std=c++20", "-fvisibility=hidden", "-Wno-unused-parameter"]},
         )
     ],

@@ -117,6 +117,24 @@ PyObject* emptyStridedFast(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// _launch(name, device_index, kernel, *args): calls kernel(*args) as a kernel named `name` of the
+// device's current stream, through the runtime like every other kernel. Inductor's wrapper calls
+// each C++ kernel of a neuron graph with it.
+PyObject* launchKernelPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  TORCH_CHECK_TYPE(nargs >= 3 && PyUnicode_Check(args[0]) && PyLong_Check(args[1]) && PyCallable_Check(args[2]),
+                   "_launch(name: str, device: int, kernel: Callable, *args)");
+  const char* name = PyUnicode_AsUTF8(args[0]);
+  if (name == nullptr) return nullptr;
+  const auto index = static_cast<c10::DeviceIndex>(PyLong_AsLong(args[1]));
+  checkDevice(index);
+  PyObject* result = nullptr;
+  launch(index, {rt::ActivityKind::Kernel, name},
+         [&] { result = PyObject_Vectorcall(args[2], args + 3, static_cast<size_t>(nargs - 3), nullptr); });
+  return result;  // nullptr with the kernel's Python error set
+  END_HANDLE_TH_ERRORS
+}
+
 // _neuron_record_memory_history(enabled, context, stacks, max_entries, clear_history), with the
 // values torch.cuda.memory._record_memory_history takes.
 void recordMemoryHistoryPy(std::optional<std::string> enabled, std::optional<std::string> context,
@@ -239,6 +257,8 @@ std::string dumpOomSnapshot(c10::DeviceIndex device) {
 PyMethodDef kEmptyStrided = {"_empty_strided", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
                                  &emptyStridedFast)), METH_FASTCALL,
                              "_empty_strided(size, stride, dtype, device_index): an uninitialized neuron tensor."};
+PyMethodDef kLaunch = {"_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&launchKernelPy)),
+                       METH_FASTCALL, "_launch(name, device_index, kernel, *args): kernel(*args) as device work."};
 
 }  // namespace
 }  // namespace torchneuron
@@ -273,6 +293,7 @@ PYBIND11_MODULE(_C, m) {
     return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
   }, "A neuron tensor holding a copy of a CPU tensor's values.");
   m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr()));
+  m.attr("_launch") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kLaunch, nullptr, m.ptr()));
   m.def("_register_collectives", &distributed::registerCollectives,
         "Register the neuron kernels of the c10d operators (once per process).");
   m.def("_live_work_count", &distributed::liveWorkCount,

@@ -96,6 +96,9 @@ class Call {
       if (a.written && !a.neuron.is_nested()) syncFromAlias(a.neuron, a.cpu);
   }
 
+  // The device the op runs on.
+  c10::DeviceIndex device() const { return device_; }
+
   // The device the CPU kernel's buffers are allocated on: none for an explicit device=cpu.
   c10::DeviceIndex outputDevice() const { return to_cpu_ ? -1 : device_; }
 
@@ -218,7 +221,8 @@ void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   {
     DeviceOutputScope scope(call.outputDevice());
     try {
-      op.redispatchBoxed(call.cpuKeys(), stack);
+      launch(call.device(), {rt::ActivityKind::Kernel, kernelName(op.schema().name())},
+             [&] { op.redispatchBoxed(call.cpuKeys(), stack); });
     } catch (const c10::NotImplementedError&) {
       if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) failNoCpuKernel(op);
       throw;

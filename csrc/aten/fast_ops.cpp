@@ -91,7 +91,9 @@ at::Tensor toDevice(at::Tensor out, c10::DeviceIndex device) {
 template <class Op, class... Args>
 decltype(auto) cpuKernel(c10::DeviceIndex device, Args&&... args) {
   DeviceOutputScope scope(device);
-  return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::forward<Args>(args)...);
+  return launch(device, {rt::ActivityKind::Kernel, kernelName(Op::name)}, [&]() -> decltype(auto) {
+    return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::forward<Args>(args)...);
+  });
 }
 
 template <class Op, class Schema = typename Op::schema>

@@ -140,7 +140,15 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
   at::Tensor cpu_src = from_device && to_device && self.storage().is_alias_of(dst.storage())
                            ? cpuAliasSharing(self, cpu_dst.storage())
                            : asCpu(self);
-  cpu_dst.copy_(cpu_src);
+  // A copy is work of the device's current stream (the source's, between devices), named as
+  // CUDA's profiler names its copies.
+  const char* name = from_device && to_device ? "Memcpy DtoD (Device -> Device)"
+                     : to_device ? (rt::isHostPinned(self.const_data_ptr()) ? "Memcpy HtoD (Pinned -> Device)"
+                                                                            : "Memcpy HtoD (Pageable -> Device)")
+                     : (rt::isHostPinned(dst.const_data_ptr()) ? "Memcpy DtoH (Device -> Pinned)"
+                                                                : "Memcpy DtoH (Device -> Pageable)");
+  launch(from_device ? self.device().index() : dst.device().index(),
+         {rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)}, [&] { cpu_dst.copy_(cpu_src); });
   return dst;
 }
 
@@ -151,7 +159,8 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar localScalarDense(const at::Tensor& self) {
   transferStats().scalar_reads++;
-  return at::_local_scalar_dense(cpuAlias(self));
+  return launch(self.device().index(), {rt::ActivityKind::Memcpy, "Memcpy DtoH (Device -> Pageable)", self.itemsize()},
+                [&] { return at::_local_scalar_dense(cpuAlias(self)); });
 }
 
 void recordStream(at::Tensor&, c10::Stream) {}

@@ -18,6 +18,7 @@ struct OperatorName;
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace torchneuron {
@@ -35,6 +36,62 @@ void checkDevice(c10::DeviceIndex index);
 [[noreturn]] void failDeviceMismatch(c10::DeviceIndex device, const std::string& other, const std::string& arg,
                                      const c10::OperatorName& op);
 c10::Stream currentStream(c10::DeviceIndex index);
+
+// ---- launching work (launch.cpp) -------------------------------------------
+// Raises the error for a launch the runtime refused.
+[[noreturn]] void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name);
+// The name of an op's kernel: the op's name without its namespace ("addmm" for aten::addmm).
+inline const char* kernelName(const char* op_name) {
+  for (const char* c = op_name; *c != '\0'; ++c)
+    if (c[0] == ':' && c[1] == ':') return c + 2;
+  return op_name;
+}
+inline const char* kernelName(const std::string& op_name) { return kernelName(op_name.c_str()); }
+// Runs `body` (a kernel's host code: a CPU kernel over device memory, a copy, a
+// collective) as work of `device`'s current stream through the runtime
+// (rt::launchKernel), and returns what `body` returns. Exceptions pass through.
+template <class F>
+decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& body) {
+  using R = decltype(body());
+  if constexpr (std::is_void_v<R>) {
+    auto trampoline = [](void* p) { (*static_cast<std::remove_reference_t<F>*>(p))(); };
+    const auto status = rt::launchKernel(device, currentStream(device).id(), trampoline, &body, info);
+    if (status != rt::Status::Success) failLaunch(status, device, info.name);
+  } else if constexpr (std::is_reference_v<R>) {
+    std::remove_reference_t<R>* result = nullptr;
+    launch(device, info, [&] { result = &body(); });
+    return static_cast<R>(*result);
+  } else {
+    std::optional<R> result;
+    launch(device, info, [&] { result.emplace(body()); });
+    return R(std::move(*result));
+  }
+}
+
+// The device a kernel's argument puts it on: a neuron tensor's, else none (-1).
+inline c10::DeviceIndex neuronDeviceOf(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron ? t.device().index() : c10::DeviceIndex(-1);
+}
+inline c10::DeviceIndex neuronDeviceOf(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? neuronDeviceOf(*t) : c10::DeviceIndex(-1);
+}
+template <class T>
+c10::DeviceIndex neuronDeviceOf(const T&) { return -1; }
+
+// A kernel function `Fn` registered to run through launch(), named `Name`, on the device of its
+// first neuron tensor argument (the current device when it has none):
+// m.impl("uniform_", TORCH_FN((Launched<kUniformName, &uniform>::call))).
+template <const char* Name, auto Fn>
+struct Launched;
+template <const char* Name, class R, class... Args, R (*Fn)(Args...)>
+struct Launched<Name, Fn> {
+  static R call(Args... args) {
+    c10::DeviceIndex device = -1;
+    ((device = device >= 0 ? device : neuronDeviceOf(args)), ...);
+    if (device < 0) device = currentDevice();
+    return launch(device, {rt::ActivityKind::Kernel, Name}, [&]() -> R { return Fn(args...); });
+  }
+};
 
 // ---- memory (allocator.cpp) ----------------------------------------------
 class NeuronAllocator;

@@ -569,20 +569,35 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input, double
 
 }  // namespace
 
+// The kernels' names in activity records.
+constexpr char kUniformName[] = "uniform_";
+constexpr char kNormalName[] = "normal_";
+constexpr char kLogNormalName[] = "log_normal_";
+constexpr char kExponentialName[] = "exponential_";
+constexpr char kGeometricName[] = "geometric_";
+constexpr char kCauchyName[] = "cauchy_";
+constexpr char kBernoulliScalarName[] = "bernoulli_";
+constexpr char kBernoulliTensorName[] = "bernoulli_";
+constexpr char kRandomName[] = "random_";
+constexpr char kRandomToName[] = "random_";
+constexpr char kRandomFromName[] = "random_";
+constexpr char kRandpermName[] = "randperm";
+constexpr char kNativeDropoutName[] = "native_dropout";
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("uniform_", TORCH_FN(uniform));
-  m.impl("normal_", TORCH_FN(normal));
-  m.impl("log_normal_", TORCH_FN(logNormal));
-  m.impl("exponential_", TORCH_FN(exponential));
-  m.impl("geometric_", TORCH_FN(geometric));
-  m.impl("cauchy_", TORCH_FN(cauchy));
-  m.impl("bernoulli_.float", TORCH_FN(bernoulliScalar));
-  m.impl("bernoulli_.Tensor", TORCH_FN(bernoulliTensor));
-  m.impl("random_", TORCH_FN(random));
-  m.impl("random_.to", TORCH_FN(randomTo));
-  m.impl("random_.from", TORCH_FN(randomFrom));
-  m.impl("randperm.generator_out", TORCH_FN(randperm));
-  m.impl("native_dropout", TORCH_FN(nativeDropout));
+  m.impl("uniform_", TORCH_FN((Launched<kUniformName, &uniform>::call)));
+  m.impl("normal_", TORCH_FN((Launched<kNormalName, &normal>::call)));
+  m.impl("log_normal_", TORCH_FN((Launched<kLogNormalName, &logNormal>::call)));
+  m.impl("exponential_", TORCH_FN((Launched<kExponentialName, &exponential>::call)));
+  m.impl("geometric_", TORCH_FN((Launched<kGeometricName, &geometric>::call)));
+  m.impl("cauchy_", TORCH_FN((Launched<kCauchyName, &cauchy>::call)));
+  m.impl("bernoulli_.float", TORCH_FN((Launched<kBernoulliScalarName, &bernoulliScalar>::call)));
+  m.impl("bernoulli_.Tensor", TORCH_FN((Launched<kBernoulliTensorName, &bernoulliTensor>::call)));
+  m.impl("random_", TORCH_FN((Launched<kRandomName, &random>::call)));
+  m.impl("random_.to", TORCH_FN((Launched<kRandomToName, &randomTo>::call)));
+  m.impl("random_.from", TORCH_FN((Launched<kRandomFromName, &randomFrom>::call)));
+  m.impl("randperm.generator_out", TORCH_FN((Launched<kRandpermName, &randperm>::call)));
+  m.impl("native_dropout", TORCH_FN((Launched<kNativeDropoutName, &nativeDropout>::call)));
 }
 
 }  // namespace torchneuron

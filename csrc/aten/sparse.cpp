@@ -384,7 +384,8 @@ void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, tor
   const auto cpu_keys = call.cpuKeys();
   {
     DeviceOutputScope scope(call.device());
-    op.redispatchBoxed(cpu_keys, stack);
+    launch(call.device(), {rt::ActivityKind::Kernel, kernelName(op.schema().name())},
+           [&] { op.redispatchBoxed(cpu_keys, stack); });
   }
   call.reflectWrites();
   call.convertReturns(stack);

@@ -226,18 +226,28 @@ TORCH_LIBRARY(torchneuron, m) {
         {at::Tag::needs_exact_strides});
 }
 
+// The kernels' names in activity records.
+constexpr char kConvolutionChannelsLastName[] = "convolution_channels_last";
+constexpr char kConvolutionBackwardChannelsLastName[] = "convolution_backward_channels_last";
+constexpr char kConvolutionName[] = "convolution_overrideable";
+constexpr char kConvolutionBackwardName[] = "convolution_backward_overrideable";
+constexpr char kFusedLstmCellName[] = "_thnn_fused_lstm_cell";
+constexpr char kFusedLstmCellBackwardName[] = "_thnn_fused_lstm_cell_backward_impl";
+constexpr char kFusedGruCellName[] = "_thnn_fused_gru_cell";
+constexpr char kFusedGruCellBackwardName[] = "_thnn_fused_gru_cell_backward";
+
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
-  m.impl("convolution_channels_last", TORCH_FN(convolutionChannelsLast));
-  m.impl("convolution_backward_channels_last", TORCH_FN(convolutionBackwardChannelsLast));
+  m.impl("convolution_channels_last", TORCH_FN((Launched<kConvolutionChannelsLastName, &convolutionChannelsLast>::call)));
+  m.impl("convolution_backward_channels_last", TORCH_FN((Launched<kConvolutionBackwardChannelsLastName, &convolutionBackwardChannelsLast>::call)));
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution_overrideable", TORCH_FN(convolution));
-  m.impl("convolution_backward_overrideable", TORCH_FN(convolutionBackward));
-  m.impl("_thnn_fused_lstm_cell", TORCH_FN(fusedLstmCell));
-  m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fusedLstmCellBackward));
-  m.impl("_thnn_fused_gru_cell", TORCH_FN(fusedGruCell));
-  m.impl("_thnn_fused_gru_cell_backward", TORCH_FN(fusedGruCellBackward));
+  m.impl("convolution_overrideable", TORCH_FN((Launched<kConvolutionName, &convolution>::call)));
+  m.impl("convolution_backward_overrideable", TORCH_FN((Launched<kConvolutionBackwardName, &convolutionBackward>::call)));
+  m.impl("_thnn_fused_lstm_cell", TORCH_FN((Launched<kFusedLstmCellName, &fusedLstmCell>::call)));
+  m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN((Launched<kFusedLstmCellBackwardName, &fusedLstmCellBackward>::call)));
+  m.impl("_thnn_fused_gru_cell", TORCH_FN((Launched<kFusedGruCellName, &fusedGruCell>::call)));
+  m.impl("_thnn_fused_gru_cell_backward", TORCH_FN((Launched<kFusedGruCellBackwardName, &fusedGruCellBackward>::call)));
 }
 
 }  // namespace torchneuron

@@ -45,6 +45,7 @@ class Call {
       : group_(*group), backend_(group->getBackend(kNeuron)), name_(name), type_(type) {
     // Gloo's checking wrapper reports the name of the backend it wraps.
     gloo_ = backend_->getBackendName() == "gloo";
+    if (rt::activityRecording()) activity_ = rt::activityBegin(-1, 0, {rt::ActivityKind::Collective, name_, 0});
   }
 
   c10d::Backend* operator->() const {
@@ -113,11 +114,28 @@ class Call {
   // percent of a small all_reduce's time.
   WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs) {
     if (!gloo_) return work;  // another backend took the neuron tensors as they are
+    if (activity_ && !outputs.empty()) record(*work, outputs);
     return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs),
                                            Collective{name_, group_.getRank(), group_.getSize()}, type_);
   }
 
  private:
+  // The collective as work of the outputs' device and current stream, from its call to its end.
+  void record(c10d::Work& work, const std::vector<at::Tensor>& outputs) {
+    auto& activity = *activity_;
+    activity.device = outputs.front().device().index();
+    activity.stream = currentStream(activity.device).id();
+    for (const auto& t : outputs) activity.bytes += t.defined() ? t.nbytes() : 0;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work.getFuture();
+    } catch (const std::exception&) {  // a backend without futures: the call's end stands for it
+      rt::activityEnd(std::move(activity));
+      return;
+    }
+    future->addCallback([activity](c10::ivalue::Future&) mutable { rt::activityEnd(std::move(activity)); });
+  }
+
   c10d::ProcessGroup& group_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   const char* name_;
@@ -125,6 +143,7 @@ class Call {
   bool gloo_ = false;
   c10::DeviceIndex synced_ = -1;
   std::optional<double> factor_;
+  std::optional<rt::ActivityRecord> activity_;  // while activity is recorded
 };
 
 // A collective's options with the caller's async_op and, where the operator takes one, timeout.

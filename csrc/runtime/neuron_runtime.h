@@ -8,8 +8,11 @@
 // functions; nothing above this header changes.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace torchneuron::rt {
 
@@ -76,8 +79,48 @@ Status eventSynchronize(Event event);
 Status eventElapsedTime(float* ms, Event start, Event end);
 
 // Launch a kernel on a stream: the function runs with the given argument once
-// all earlier work on that stream is done.
+// all earlier work on that stream is done. `info` says what the work is, for
+// the activity records below; an exception the function raises reaches the
+// caller (the emulator runs it on the caller's thread).
 using KernelFn = void (*)(void* arg);
-Status launchKernel(int device, Stream stream, KernelFn fn, void* arg);
+enum class ActivityKind { Kernel, Memcpy, Memset, Collective };
+struct LaunchInfo {
+  ActivityKind kind = ActivityKind::Kernel;
+  const char* name = "kernel";  // read during the launch only
+  uint64_t bytes = 0;           // bytes moved, for copies and collectives
+};
+Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info = {});
+
+// ---- activity records (activity.cpp) --------------------------------------
+// While recording is on, the runtime keeps a record of each piece of work it
+// runs on a device: what (kind, name, bytes), where (device, stream), when
+// (host launch and device start and end, in nanoseconds since the Unix epoch)
+// and the host's external correlation id current at launch (the id of the
+// framework op that launched it), as CUPTI's activity API does for CUDA. A
+// profiler turns them into its own events (csrc/profiler/kineto.cpp).
+struct ActivityRecord {
+  ActivityKind kind;
+  std::string name;
+  int device;
+  Stream stream;
+  uint64_t bytes;
+  int64_t launch_ns;  // host: the launch began
+  int64_t start_ns;   // device: the work began
+  int64_t end_ns;     // device: the work ended (and, here, the launch returned)
+  uint64_t correlation;  // external correlation id, 0 when none
+  uint64_t sequence;     // this runtime's own id of the launch, from 1
+  int32_t host_thread;   // the launching thread's system id
+};
+extern std::atomic<bool> activity_recording;
+inline bool activityRecording() { return activity_recording.load(std::memory_order_relaxed); }
+void activityStart();                      // clears earlier records
+void activityStop();
+std::vector<ActivityRecord> activityDrain();  // the records so far, oldest first
+void activityPushExternalCorrelation(uint64_t id);  // per host thread
+void activityPopExternalCorrelation();
+// For work whose end the host learns later (a collective another thread
+// runs): a record begun now, on this thread, and added when it ends.
+ActivityRecord activityBegin(int device, Stream stream, const LaunchInfo& info);
+void activityEnd(ActivityRecord record);  // kept only while recording
 
 }  // namespace torchneuron::rt

@@ -7,6 +7,7 @@
 #include "neuron_runtime.h"
 
 #include <chrono>
+#include <utility>
 
 namespace torchneuron::rt {
 
@@ -71,10 +72,24 @@ Status eventElapsedTime(float* ms, Event start, Event end) {
   return Status::Success;
 }
 
-Status launchKernel(int device, Stream /*stream*/, KernelFn fn, void* arg) {
+Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
-  fn(arg);
+  if (!activityRecording()) {
+    fn(arg);
+    return Status::Success;
+  }
+  // The stream is idle, so the work starts at once and ends when fn returns (or raises).
+  ActivityRecord record = activityBegin(device, stream, info);
+  record.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+  try {
+    fn(arg);
+  } catch (...) {
+    activityEnd(std::move(record));
+    throw;
+  }
+  activityEnd(std::move(record));
   return Status::Success;
 }
 

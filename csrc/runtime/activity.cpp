@@ -1,0 +1,78 @@
+// Emulated NeuronCore: activity records of the work the device runs.
+//
+// Work runs on the launching thread, so the device's clock is the host's
+// (nanoseconds since the Unix epoch, the clock profilers put host events on).
+#include "neuron_runtime.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <utility>
+
+namespace torchneuron::rt {
+
+std::atomic<bool> activity_recording{false};
+
+namespace {
+
+std::mutex records_mutex;
+std::vector<ActivityRecord> records;  // guarded by records_mutex
+std::atomic<uint64_t> launches{0};
+thread_local std::vector<uint64_t> external_correlation;
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int32_t hostThread() {
+  thread_local const auto id = static_cast<int32_t>(::syscall(SYS_gettid));
+  return id;
+}
+
+}  // namespace
+
+void activityStart() {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  records.clear();
+  activity_recording.store(true, std::memory_order_release);
+}
+
+void activityStop() { activity_recording.store(false, std::memory_order_release); }
+
+std::vector<ActivityRecord> activityDrain() {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  return std::exchange(records, {});
+}
+
+void activityPushExternalCorrelation(uint64_t id) { external_correlation.push_back(id); }
+
+void activityPopExternalCorrelation() {
+  if (!external_correlation.empty()) external_correlation.pop_back();
+}
+
+ActivityRecord activityBegin(int device, Stream stream, const LaunchInfo& info) {
+  const int64_t now = nowNs();
+  return ActivityRecord{info.kind,
+                        info.name != nullptr ? info.name : "kernel",
+                        device,
+                        stream,
+                        info.bytes,
+                        now,
+                        now,
+                        0,
+                        external_correlation.empty() ? 0 : external_correlation.back(),
+                        launches.fetch_add(1, std::memory_order_relaxed) + 1,
+                        hostThread()};
+}
+
+void activityEnd(ActivityRecord record) {
+  record.end_ns = nowNs();
+  if (!activityRecording()) return;  // recording stopped while the work ran
+  std::lock_guard<std::mutex> lock(records_mutex);
+  records.push_back(std::move(record));
+}
+
+}  // namespace torchneuron::rt
