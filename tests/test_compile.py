@@ -573,3 +573,103 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHNEURON_CACHE_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/unused"))
     assert tc.cache_dir() == str(tmp_path / "c")
+
+
+# A neuron compile that fails half-way (in its kernel generation, after lowering), then a CPU compile:
+# the CPU compile must see Inductor as a fresh process does (same config, same FX graph cache key,
+# PyTorch's own functions in place).
+_SCOPE_PROGRAM = textwrap.dedent('''
+    import json, sys
+    from unittest import mock
+    import torch, torchneuron
+    import torch._inductor.codecache as codecache
+    import torch._inductor.lowering as lowering
+    import torch._inductor.utils as inductor_utils
+    import torch._inductor.decomposition as decomposition
+    import torch._inductor.ir as ir
+
+    originals = {"lowering.use_two_step_variance": lowering.use_two_step_variance,
+                 "lowering.use_scatter_fallback": lowering.use_scatter_fallback,
+                 "decomposition.use_scatter_fallback": decomposition.use_scatter_fallback,
+                 "utils.use_scatter_fallback": inductor_utils.use_scatter_fallback,
+                 "ir.is_cpu": ir.is_cpu, "lowering.cat": lowering.lowerings[torch.ops.aten.cat.default]}
+    mode, backend = sys.argv[1], sys.argv[2]
+    seen = {}
+    if mode == "fail":
+        from torchneuron.compile import inductor
+        def failing(self, node):
+            seen["patched_during_compile"] = (lowering.use_two_step_variance is not originals["lowering.use_two_step_variance"]
+                                              and decomposition.use_scatter_fallback is not originals["decomposition.use_scatter_fallback"])
+            seen["config_during_compile"] = torch._inductor.config.loop_ordering_after_fusion
+            raise RuntimeError("injected failure half-way through a neuron compile")
+        with mock.patch.object(inductor.Scheduling, "codegen_node", failing):
+            x = torch.randn(8, 16, device="neuron")
+            try:
+                torch.compile(lambda x: torch.nn.functional.layer_norm(x, (16,)).relu(), backend=backend)(x)
+                seen["raised"] = False
+            except Exception as e:
+                seen["raised"] = "injected failure" in str(e)
+    keys = []
+    prepare_key = codecache.FxGraphCache.prepare_key
+    def recording(*args, **kwargs):
+        result = prepare_key(*args, **kwargs)
+        keys.append(result[0][0] if result[0] else None)
+        return result
+    with mock.patch.object(codecache.FxGraphCache, "prepare_key", recording):
+        y = torch.compile(lambda x: torch.cat([x, x]).sin().sum(0))(torch.randn(8, 16))
+    import torch._inductor.utils as utils_again
+    state = {name: value is {"lowering.use_two_step_variance": lowering.use_two_step_variance,
+                             "lowering.use_scatter_fallback": lowering.use_scatter_fallback,
+                             "decomposition.use_scatter_fallback": decomposition.use_scatter_fallback,
+                             "utils.use_scatter_fallback": utils_again.use_scatter_fallback,
+                             "ir.is_cpu": ir.is_cpu,
+                             "lowering.cat": lowering.lowerings[torch.ops.aten.cat.default]}[name]
+             for name, value in originals.items()}
+    config = {k: repr(v) for k, v in torch._inductor.config.get_config_copy().items()}
+    print(json.dumps({"seen": seen, "keys": keys, "originals_in_place": state, "config": config}))
+''')
+
+
+@pytest.mark.parametrize("backend", ["inductor", "neuron"])
+def test_failed_neuron_compile_leaves_cpu_compiles_as_fresh(run_python, tmp_path, backend):
+    import json
+
+    code = _SCOPE_PROGRAM + "\n"
+    runs = {}
+    for mode in ("fail", "fresh"):  # caches of their own: a cache hit computes no FX graph key
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / mode), "TORCHNEURON_CACHE_DIR": ""}
+        proc = subprocess_run(code, mode, backend, env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    failed, fresh = runs["fail"], runs["fresh"]
+    assert failed["seen"] == {"patched_during_compile": True, "config_during_compile": False, "raised": True}
+    assert failed["originals_in_place"] == dict.fromkeys(failed["originals_in_place"], True)
+    assert failed["keys"] and failed["keys"] == fresh["keys"]
+    assert failed["config"] == fresh["config"]
+
+
+def subprocess_run(code, mode, backend, env):
+    import subprocess
+    import sys
+
+    full_env = dict(os.environ)
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code, mode, backend], capture_output=True, text=True,
+                          env=full_env, timeout=600)
+
+
+def test_inductor_changes_are_listed_and_scoped():
+    """Every change is listed, none is in force outside a neuron compile, and a scope undoes on failure."""
+    import torch._inductor.lowering as lowering
+    from torchneuron.compile import inductor
+
+    targets = [p.target for p in inductor.PATCHES]
+    assert "torch._inductor.ir.is_cpu" in targets and "torch._inductor.lowering.lowerings[aten.cat]" in targets
+    assert all(p.what for p in inductor.PATCHES)
+    before = lowering.use_two_step_variance
+    assert not inductor.COMPILE_PATCHES.active
+    with pytest.raises(ValueError, match="inside"):
+        with inductor.neuron_compile():
+            assert lowering.use_two_step_variance is inductor._use_two_step_variance
+            raise ValueError("inside")
+    assert lowering.use_two_step_variance is before and not inductor.COMPILE_PATCHES.active

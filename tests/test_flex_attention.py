@@ -125,8 +125,6 @@ def test_patches_are_listed_and_undone(qkv):
             fa.flex_attention(*(t.to("neuron") for t in qkv))
     finally:
         neuron_flex.enable()
-        if "torch._inductor.lowering" in __import__("sys").modules:
-            neuron_flex.enable_inductor()
     assert fa._validate_device is not patched.__wrapped__
     # other devices keep PyTorch's answer: the CPU refuses inputs that require grad
     with pytest.raises(NotImplementedError, match="backward on CPU"):

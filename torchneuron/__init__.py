@@ -27,6 +27,7 @@ def _autoload() -> None:
 import torch  # noqa: E402
 
 from . import _C  # noqa: F401  (registers allocator, guard, hooks and kernels)
+from . import _patch  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["neuron", "__version__"]
@@ -46,6 +47,23 @@ def _register() -> None:
         )
 
 
+def _accelerators_with_autograd_threads() -> list[str]:
+    """The other accelerators of this process whose backward ops PyTorch runs on device threads.
+
+    Asked without creating a device context: on a build without the device the
+    answer is immediate.
+    """
+    found = []
+    for name in ("cuda", "xpu", "mps"):
+        module = getattr(torch, name, None)
+        try:
+            if module is not None and module.is_available():
+                found.append(name)
+        except Exception:  # a broken driver is not ours to report here
+            continue
+    return found
+
+
 def _run_backward_on_calling_thread() -> None:
     """Let backward passes over neuron tensors run on the thread that calls ``backward()``.
 
@@ -62,11 +80,53 @@ def _run_backward_on_calling_thread() -> None:
     changes nothing for CPU tensors); ``TORCHNEURON_AUTOGRAD_THREADS=1`` keeps
     PyTorch's behaviour. Other threads keep PyTorch's default unless they
     call that function themselves.
+
+    The switch cannot be made for neuron alone: PyTorch's engine
+    (``Engine::ready_queue`` in torch/csrc/autograd/engine.cpp) sends a node to
+    the caller's queue when the thread's multithreading flag is off or its
+    device type is CPU, Meta or Lazy, and otherwise to the device thread of its
+    device *index*, one thread shared by every accelerator type (neuron:0 and
+    cuda:0 run on the same one). So when another accelerator is present (CUDA,
+    XPU or MPS), the flag stays on for it, and a backward pass whose roots are
+    neuron tensors turns it off for its own duration instead
+    (:data:`AUTOGRAD_PATCHES`: ``torch.autograd``'s ``_engine_run_backward``, the
+    one function ``backward()`` and ``torch.autograd.grad`` call from Python).
     """
+    import logging
     import os
 
-    if os.environ.get("TORCHNEURON_AUTOGRAD_THREADS", "0") != "1":
-        torch.autograd.set_multithreading_enabled(False)
+    if os.environ.get("TORCHNEURON_AUTOGRAD_THREADS", "0") == "1":
+        return
+    others = _accelerators_with_autograd_threads()
+    if others:
+        logging.getLogger("torchneuron").info(
+            "autograd device threads left on for %s; neuron backward passes turn them off for themselves",
+            ", ".join(others))
+        AUTOGRAD_PATCHES.apply()
+        return
+    torch.autograd.set_multithreading_enabled(False)
+
+
+def _neuron_roots_on_calling_thread(original):
+    def _engine_run_backward(t_outputs, *args, **kwargs):
+        roots = t_outputs if isinstance(t_outputs, (tuple, list)) else (t_outputs,)
+        if torch.autograd.is_multithreading_enabled() and any(
+                isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in roots):
+            with torch.autograd.set_multithreading_enabled(False):
+                return original(t_outputs, *args, **kwargs)
+        return original(t_outputs, *args, **kwargs)
+
+    _engine_run_backward.__wrapped__ = original
+    return _engine_run_backward
+
+
+#: Applied at import only when another accelerator with autograd device threads is present.
+AUTOGRAD_PATCHES = _patch.PatchSet("neuron backward on the calling thread", (
+    _patch.attribute(torch.autograd.graph, "_engine_run_backward", _neuron_roots_on_calling_thread,
+                     "a backward pass whose roots are neuron tensors runs on the calling thread "
+                     "(set_multithreading_enabled(False) for its duration); others as PyTorch runs them",
+                     bindings="torch.autograd"),
+))
 
 
 _register()

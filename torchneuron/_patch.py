@@ -1,13 +1,41 @@
-"""The record of one change torchneuron makes to another library's attribute.
+"""The record of the changes torchneuron makes to another library, and the scope they apply in.
 
 Every such change (the CUDA compatibility layer, FlexAttention on neuron,
-Lightning's accelerator) is listed as data, applied in a scope, and undone when
-the scope ends; each module publishes its list as ``PATCHES`` of these.
+Lightning's accelerator, Inductor for neuron graphs) is listed as data, applied
+in a scope, and undone when the scope ends, also when it ends by an exception;
+each module publishes its list as ``PATCHES`` of :class:`Patch` records.
+
+:class:`PatchSet` is the mechanism: a list of replacements, each a :class:`Patch`
+and a function that applies it and returns its undo. Applying the set applies
+them in order and undoes the ones already applied if a later one fails;
+undoing it runs the undos last first. Three kinds of replacement cover what
+torchneuron changes:
+
+* :func:`attribute`: an attribute of a module or class. With ``bindings``, the
+  same object is also replaced wherever a module under that package bound it by
+  name (``from .utils import use_scatter_fallback``), so callers that imported
+  the name before the scope began see the replacement too; the undo puts back
+  every binding it changed.
+* :func:`item`: an entry of a mapping (e.g. Inductor's ``lowerings`` table).
+* :func:`config`: values of a config module that has ``patch`` (Inductor's
+  ``torch._inductor.config``), through that module's own ``patch``.
+
+Example::
+
+    >>> PATCHES = PatchSet("neuron graph", [attribute(module, "is_cpu", lambda orig: is_cpu, "...")])
+    >>> with PATCHES.scope():
+    ...     compile_something()
 """
 
-from dataclasses import dataclass
+from __future__ import annotations
 
-__all__ = ["Patch"]
+import contextlib
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+__all__ = ["Patch", "PatchSet", "Replacement", "attribute", "config", "item"]
 
 
 @dataclass(frozen=True)
@@ -21,3 +49,217 @@ class Patch:
 
     target: str
     what: str
+
+
+Undo = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A :class:`Patch` and how to apply it.
+
+    Args:
+        patch: the record (target and description).
+        apply: makes the change and returns the function that undoes it.
+    """
+
+    patch: Patch
+    apply: Callable[[], Undo]
+
+
+def _bindings(original: Any, package: str) -> list[tuple[Any, str]]:
+    """Every ``(module, name)`` under ``package`` whose attribute ``name`` is ``original``."""
+    found = []
+    prefix = package + "."
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(prefix)):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not namespace:
+            continue
+        for name, value in list(namespace.items()):
+            if value is original:
+                found.append((module, name))
+    return found
+
+
+def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
+              bindings: Optional[str] = None, target: Optional[str] = None) -> Replacement:
+    """A replacement of ``owner.name`` by ``build(original)``.
+
+    Args:
+        owner: the module or class.
+        name: the attribute.
+        build: receives the original, returns the replacement.
+        what: what the replacement does.
+        bindings: a package name: also replace the original wherever a module under it bound it.
+        target: the dotted name to list (default: ``owner.__name__ + "." + name``).
+    """
+    if target is None:
+        target = f"{getattr(owner, '__module__', None) or ''}.{getattr(owner, '__qualname__', '')}" \
+            if isinstance(owner, type) else f"{owner.__name__}"
+        target = f"{target.strip('.')}.{name}"
+
+    def apply() -> Undo:
+        original = getattr(owner, name)
+        replacement = build(original)
+        places = [(owner, name)]
+        if bindings is not None:
+            places += [place for place in _bindings(original, bindings) if place != (owner, name)]
+        changed: list[tuple[Any, str, Any]] = []
+        try:
+            for place_owner, place_name in places:
+                setattr(place_owner, place_name, replacement)
+                changed.append((place_owner, place_name, original))
+        except BaseException:
+            for place_owner, place_name, value in reversed(changed):
+                setattr(place_owner, place_name, value)
+            raise
+
+        def undo() -> None:
+            restore = list(changed)
+            if bindings is not None:  # modules imported inside the scope bound the replacement
+                restore += [(m, n, original) for m, n in _bindings(replacement, bindings)
+                            if (m, n) not in {(o, a) for o, a, _ in changed}]
+            for place_owner, place_name, value in reversed(restore):
+                if getattr(place_owner, place_name, None) is replacement:
+                    setattr(place_owner, place_name, value)
+
+        return undo
+
+    return Replacement(Patch(target, what), apply)
+
+
+def item(mapping: Any, keys: Callable[[], Sequence[Any]], build: Callable[[Any], Any], what: str, *,
+         target: str) -> Replacement:
+    """A replacement of ``mapping[key]`` by ``build(original)`` for each key ``keys()`` names when applied.
+
+    Args:
+        mapping: the dict.
+        keys: returns the keys to replace (looked up when the scope begins).
+        build: receives an original entry, returns its replacement.
+        what: what the replacement does.
+        target: the dotted name to list.
+    """
+
+    def apply() -> Undo:
+        changed: list[tuple[Any, Any, Any]] = []
+        built: dict[int, Any] = {}
+        try:
+            for key in keys():
+                original = mapping[key]
+                if id(original) not in built:  # overloads sharing one entry share one replacement
+                    built[id(original)] = build(original)
+                mapping[key] = built[id(original)]
+                changed.append((key, original, built[id(original)]))
+        except BaseException:
+            for key, original, _ in reversed(changed):
+                mapping[key] = original
+            raise
+
+        def undo() -> None:
+            for key, original, replacement in reversed(changed):
+                if mapping.get(key) is replacement:
+                    mapping[key] = original
+
+        return undo
+
+    return Replacement(Patch(target, what), apply)
+
+
+def config(module: Any, values: dict[str, Any], what: str, *, target: Optional[str] = None) -> Replacement:
+    """Values of a config module set through its own ``patch`` (e.g. ``torch._inductor.config``).
+
+    Args:
+        module: the config module.
+        values: the settings.
+        what: why they are set.
+        target: the dotted name to list (default: the module's name and the keys).
+    """
+    if target is None:
+        target = f"{module.__name__}.{{{', '.join(values)}}}"
+
+    def apply() -> Undo:
+        patch = module.patch(values)
+        patch.__enter__()
+        return lambda: patch.__exit__(None, None, None)
+
+    return Replacement(Patch(target, what), apply)
+
+
+class PatchSet:
+    """A list of replacements applied together and undone together.
+
+    Applying an applied set only counts the nesting; the changes are undone when
+    the outermost scope ends.
+
+    Args:
+        name: what the set is for (used in errors and logs).
+        replacements: the changes, in the order they are applied.
+    """
+
+    def __init__(self, name: str, replacements: Sequence[Replacement]) -> None:
+        self.name = name
+        self.replacements = tuple(replacements)
+        self._lock = threading.RLock()
+        self._undos: list[Undo] = []
+        self._depth = 0
+
+    @property
+    def patches(self) -> tuple[Patch, ...]:
+        """The :class:`Patch` records of the set, in order."""
+        return tuple(r.patch for r in self.replacements)
+
+    @property
+    def active(self) -> bool:
+        """Whether the set is applied."""
+        return self._depth > 0
+
+    def apply(self) -> None:
+        """Apply every replacement (or count one more nesting level); on a failure, undo the ones applied."""
+        with self._lock:
+            if self._depth == 0:
+                try:
+                    for replacement in self.replacements:
+                        self._undos.append(replacement.apply())
+                except BaseException:
+                    self._undo_all()
+                    raise
+            self._depth += 1
+
+    def undo(self) -> None:
+        """End one nesting level; the outermost undoes every replacement, last applied first."""
+        with self._lock:
+            if self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._undo_all()
+
+    def reset(self) -> None:
+        """Undo every replacement whatever the nesting (a scope that cannot end normally)."""
+        with self._lock:
+            self._depth = 0
+            self._undo_all()
+
+    def _undo_all(self) -> None:
+        errors = []
+        while self._undos:
+            try:
+                self._undos.pop()()
+            except Exception as e:  # keep undoing the rest
+                errors.append(e)
+        if errors:
+            raise RuntimeError(f"{self.name}: {len(errors)} change(s) could not be undone: {errors[0]!r}") from errors[0]
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Context manager: the set applied inside, undone when the block ends (also by an exception)."""
+        self.apply()
+        try:
+            yield
+        finally:
+            self.undo()
+
+    def __repr__(self) -> str:
+        return f"PatchSet({self.name!r}, {len(self.replacements)} changes, {'active' if self.active else 'inactive'})"

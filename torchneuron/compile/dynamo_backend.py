@@ -92,5 +92,16 @@ def neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str
     if patches.get("cpp_wrapper"):
         raise RuntimeError("cpp_wrapper is not supported on neuron: Inductor's C++ wrapper does not know the device; "
                            "leave it off (the Python wrapper calls the same C++ kernels)")
-    with _codegen_config.patch(NEURON_CONFIG):
-        return compile_fx(gm, example_inputs, config_patches=patches)
+    with _codegen_config.patch(NEURON_CONFIG), inductor.neuron_compile():
+        return compile_fx(gm, example_inputs, config_patches=patches, inner_compile=_inner_compile)
+
+
+def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Inductor's ``compile_fx_inner`` inside the neuron compile scope (backward graphs compile later, at the
+    first backward call, outside :func:`neuron`)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from . import inductor
+
+    with inductor.neuron_compile():
+        return compile_fx_inner(gm, example_inputs, **kwargs)

@@ -2,8 +2,10 @@
 
 PyTorch 2.13 runs FlexAttention on a list of devices and decides what to do
 with it by asking whether a device is named ``"cpu"``. Three places need an
-answer for neuron; each is listed in :data:`PATCHES`, applied by
-:func:`enable` and :func:`enable_inductor`, and undone by :func:`disable`.
+answer for neuron; each is listed in :data:`PATCHES`. The first two are
+applied by :func:`enable` and undone by :func:`disable`; the lowering
+(``INDUCTOR_PATCH``) is applied only while a neuron graph compiles, with
+Inductor's other changes (:data:`torchneuron.compile.inductor.COMPILE_PATCHES`).
 Each answers differently from PyTorch only for neuron tensors:
 
 * ``torch.nn.attention.flex_attention._validate_device`` rejects devices outside
@@ -24,8 +26,7 @@ Each answers differently from PyTorch only for neuron tensors:
   log-sum-exp (``torch.no_grad()``, ``torch.inference_mode()``) is one fused C++
   kernel on device memory, the CPU's kernel, which uses the block mask's sparsity.
 
-:func:`enable` runs at ``import torchneuron``; :func:`enable_inductor` when
-Inductor is registered for the device (the first compile).
+:func:`enable` runs at ``import torchneuron``.
 
 Example::
 
@@ -47,7 +48,7 @@ import torch
 
 from .._patch import Patch
 
-__all__ = ["PATCHES", "Patch", "disable", "enable", "enable_inductor", "is_enabled"]
+__all__ = ["PATCHES", "Patch", "disable", "enable", "is_enabled"]
 
 log = logging.getLogger("torchneuron")
 
@@ -64,12 +65,11 @@ PATCHES: tuple[Patch, ...] = (
           "differentiable ops (eager and compiled training); otherwise PyTorch's autograd kernel"),
     Patch("torch._inductor.lowering.lowerings[torch.ops.higher_order.flex_attention]",
           "lowers a neuron flex_attention with the CPU's C++ template (output only, as on the CPU); "
-          "other devices get PyTorch's lowering"),
+          "other devices get PyTorch's lowering; in force only while a neuron graph compiles"),
 )
 
 _lock = threading.RLock()
 _saved: list[tuple[Any, Any, Any]] = []  # (container, key, original), in the order applied
-_inductor_applied = False
 
 
 def _set(container: Any, key: Any, value: Any) -> None:
@@ -177,19 +177,16 @@ def enable() -> None:
         _saved.append((kernels, key, original))
 
 
-def enable_inductor() -> None:
-    """Lower neuron ``flex_attention`` with the CPU's C++ template (the last entry of :data:`PATCHES`).
+def _flex_attention_key() -> list[Any]:
+    return [torch.ops.higher_order.flex_attention]
 
-    Called when Inductor is registered for the device; idempotent.
-    """
-    global _inductor_applied
+
+def _inductor_patch() -> Any:
     from torch._inductor import lowering
 
-    with _lock:
-        if _inductor_applied:
-            return
-        _replace(lowering.lowerings, torch.ops.higher_order.flex_attention, _lowering)
-        _inductor_applied = True
+    from .. import _patch
+
+    return _patch.item(lowering.lowerings, _flex_attention_key, _lowering, PATCHES[2].what, target=PATCHES[2].target)
 
 
 def is_enabled() -> bool:
@@ -199,9 +196,13 @@ def is_enabled() -> bool:
 
 def disable() -> None:
     """Put back every replaced attribute, last applied first."""
-    global _inductor_applied
     with _lock:
         while _saved:
             container, key, original = _saved.pop()
             _set(container, key, original)
-        _inductor_applied = False
+
+
+def __getattr__(name: str) -> Any:
+    if name == "INDUCTOR_PATCH":  # built on use: it needs Inductor, which loads at the first compile
+        return _inductor_patch()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

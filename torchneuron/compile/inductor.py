@@ -23,7 +23,7 @@ that versions the cache keys.
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton, or that
 suit a GPU but not kernels running on the host's cores; nine are avoided
-here (see :func:`_cpu_codegen`, :data:`CONFIG`, :func:`_use_scatter_fallback`,
+here (see :data:`CODEGEN_PATCHES`, :data:`CONFIG`, :func:`_use_scatter_fallback`,
 :func:`_cat`, :func:`_use_two_step_variance`, :func:`_get_constant_value`,
 :func:`_pad_as_cat`, :func:`_is_cpu` and :func:`_make_reduction_inner`), so
 that neuron kernels are the CPU's kernels. One of them made results wrong
@@ -65,10 +65,12 @@ from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 
+from .. import _patch
+from .._patch import Patch, PatchSet
 from . import _cache, _codegen_config, diagnostics, flex_attention
 from .passes import ChannelsLastConvolutions
 
-__all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "register"]
+__all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "PATCHES", "neuron_compile", "register"]
 
 DEVICE = "neuron"
 
@@ -76,31 +78,13 @@ DEVICE = "neuron"
 # graph. Inductor skips these loop transformations for "cpu" nodes because its
 # C++ code generator has not been validated with them (reindexing even fails on
 # C++ node groups); neuron kernels come from that same generator. They are set
-# only between the creation of a neuron graph's wrapper and its generate(), so
-# cache keys and other devices' compiles never see them.
+# only between the creation of a neuron graph's wrapper and its generate()
+# (GRAPH_PATCHES), so cache keys and other devices' compiles never see them.
 CONFIG: dict[str, Any] = {
     "loop_ordering_after_fusion": False,
     "loop_reindexing_after_fusion": False,
     "loop_index_inversion_in_fusion": False,
 }
-
-_graph_patch: Any = None  # CONFIG, entered for the neuron graph being generated
-
-
-def _enter_graph_config() -> None:
-    global _graph_patch
-    _exit_graph_config()  # a graph that failed half-way left its patch behind
-    patch = inductor_config.patch(CONFIG)
-    patch.__enter__()
-    _graph_patch = patch
-
-
-def _exit_graph_config() -> None:
-    global _graph_patch
-    patch, _graph_patch = _graph_patch, None
-    if patch is not None:
-        patch.__exit__(None, None, None)
-
 
 _TILE2D_STORE = _cpp.CppTile2DKernel.store
 
@@ -242,30 +226,11 @@ def _make_reduction_inner(x, **kwargs):
     return _MAKE_REDUCTION_INNER(x, **kwargs)
 
 
-@contextlib.contextmanager
-def _cpu_codegen():
-    """Make Inductor's kernel code generation treat the neuron device like the CPU, minus one defect.
-
-    ``torch._inductor.utils.get_current_backend`` answers ``config.cuda_backend``
-    ("triton") for any device it does not know; the C++ code generator then
-    skips the C++ type propagation it relies on. Inside this scope, which only
-    covers the generation of neuron kernels, it answers ``config.cpu_backend``,
-    and 2-d tiled kernels store through :func:`_tile2d_store`.
-    """
-    saved = _cpp.CppTile2DKernel.store
-    _cpp.CppTile2DKernel.store = _tile2d_store
-    try:
-        with inductor_config.patch(cuda_backend=inductor_config.cpu_backend):
-            yield
-    finally:
-        _cpp.CppTile2DKernel.store = saved
-
-
 class Scheduling(CppScheduling):
     """Inductor's C++ kernel generation for the neuron device (kernels address device memory directly)."""
 
     def codegen_node(self, node):  # noqa: D102
-        with _cpu_codegen():
+        with CODEGEN_PATCHES.scope():
             return super().codegen_node(node)
 
     def can_fuse_vertical(self, node1, node2):
@@ -282,11 +247,11 @@ class Scheduling(CppScheduling):
         return super().can_fuse_vertical(node1, node2)
 
     def codegen_template(self, *args, **kwargs):  # noqa: D102
-        with _cpu_codegen():
+        with CODEGEN_PATCHES.scope():
             return super().codegen_template(*args, **kwargs)
 
     def flush(self):  # noqa: D102
-        with _cpu_codegen():
+        with CODEGEN_PATCHES.scope():
             return super().flush()
 
 
@@ -294,18 +259,21 @@ class NeuronPythonWrapperCodegen(_PythonWrapperCodegen):
     """Inductor's Python wrapper for neuron graphs: allocates device buffers and calls the C++ kernels.
 
     Inductor creates it before scheduling a neuron graph and calls generate()
-    last, so it also scopes :data:`CONFIG` to that graph.
+    last, so it also scopes :data:`GRAPH_PATCHES` to that graph (and ends a
+    compile scope that the graph's device pass opened; see :func:`neuron_compile`).
     """
 
     def __init__(self) -> None:
         super().__init__()
-        _enter_graph_config()
+        GRAPH_PATCHES.reset()  # a graph that failed half-way outside any compile scope
+        GRAPH_PATCHES.apply()
 
     def generate(self, is_inference):  # noqa: D102
         try:
             return super().generate(is_inference)
         finally:
-            _exit_graph_config()
+            GRAPH_PATCHES.reset()
+            _close_opened_scope()
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):  # noqa: D102
@@ -337,11 +305,15 @@ class NeuronPythonWrapperCodegen(_PythonWrapperCodegen):
         # Buffers come from the device allocator without torch.empty_strided's parsing and dispatch
         # (the CPU's wrapper has empty_strided_cpu for the same reason).
         self.header.writeline("from torchneuron._C import _empty_strided as empty_strided_neuron")
+        self.header.writeline("from torchneuron._C import _launch as launch_neuron_kernel")
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
-        # C++ kernels are called like the CPU's: a plain function over data pointers.
+        # C++ kernels are plain functions over data pointers, called through the runtime as work of
+        # the graph's device (launch_neuron_kernel(name, device, kernel, *args)), like eager kernels.
         if not triton:
-            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            index = device.index if device is not None and device.index is not None else min(V.graph.device_idxs, default=0)
+            args = "".join(f", {arg}" for arg in call_args)
+            self.writeline(f"launch_neuron_kernel({kernel_name!r}, {index}, {kernel_name}{args}){self.ending}")
             return
         return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
@@ -438,11 +410,130 @@ class NeuronInterface(_di.DeviceInterface):
         return False
 
 
+# ---------------------------------------------------------------------------------------------
+# Inductor's changes for neuron graphs: listed, applied only while a neuron graph compiles
+# ---------------------------------------------------------------------------------------------
+
+def _cat_overloads() -> list[Any]:
+    return [op for op, lowering in _inductor_lowering.lowerings.items() if lowering is _CAT]
+
+
+_TORCH_INDUCTOR = "torch._inductor"
+
+#: In force while a neuron graph is compiled (decompositions, lowering, scheduling). Each replacement
+#: answers for a neuron node as the CPU's rule would and defers to PyTorch's function otherwise.
+#: Module functions are replaced wherever Inductor's modules bound them (``from .utils import ...``).
+COMPILE_PATCHES = PatchSet("neuron compile", (
+    _patch.attribute(_inductor_utils, "use_scatter_fallback", lambda _: _use_scatter_fallback,
+                     "a neuron scatter-reduce falls back to ATen as a CPU one does (not atomic adds)",
+                     bindings=_TORCH_INDUCTOR),
+    _patch.attribute(_ir, "is_cpu", lambda _: _is_cpu,
+                     "neuron nodes take the CPU's realize-on-reuse thresholds", bindings=_TORCH_INDUCTOR),
+    _patch.attribute(_inductor_lowering, "use_two_step_variance", lambda _: _use_two_step_variance,
+                     "neuron variances take the CPU's two-pass threshold", bindings=_TORCH_INDUCTOR),
+    _patch.attribute(_inductor_lowering, "get_constant_value", lambda _: _get_constant_value,
+                     "a neuron division by a constant stays a division, as on the CPU",
+                     bindings=_TORCH_INDUCTOR),
+    _patch.attribute(_inductor_lowering, "_pad_as_cat", lambda _: _pad_as_cat,
+                     "a neuron pad stays one pointwise kernel", bindings=_TORCH_INDUCTOR),
+    _patch.attribute(_inductor_lowering, "_make_reduction_inner", lambda _: _make_reduction_inner,
+                     "a neuron argmax/argmin over several dimensions returns the logical index",
+                     bindings=_TORCH_INDUCTOR),
+    _patch.item(_inductor_lowering.lowerings, _cat_overloads, lambda _: _cat,
+                "a neuron concatenation is lowered as copies into the output (ConcatKernel), as on the CPU",
+                target="torch._inductor.lowering.lowerings[aten.cat]"),
+    flex_attention.INDUCTOR_PATCH,
+))
+
+#: In force from the creation of a neuron graph's wrapper to the end of its generate().
+GRAPH_PATCHES = PatchSet("neuron graph", (
+    _patch.config(inductor_config, CONFIG, "loop transformations the C++ generator is not validated with, off"),
+))
+
+#: In force while the C++ kernels of a neuron graph are generated.
+CODEGEN_PATCHES = PatchSet("neuron kernel generation", (
+    _patch.attribute(_cpp.CppTile2DKernel, "store", lambda _: _tile2d_store,
+                     "a vectorized atomic_add store of a 2-d tile kernel gets its index shifted once",
+                     target="torch._inductor.codegen.cpp.CppTile2DKernel.store"),
+    _patch.Replacement(_patch.Patch("torch._inductor.config.cuda_backend",
+                                    "get_current_backend answers config.cpu_backend for neuron kernels"),
+                       lambda: _cuda_backend_as_cpu()),
+))
+
+#: Every change Inductor gets for neuron graphs, in the order the scopes nest.
+PATCHES: tuple[Patch, ...] = COMPILE_PATCHES.patches + GRAPH_PATCHES.patches + CODEGEN_PATCHES.patches
+
+
+def _cuda_backend_as_cpu():
+    patch = inductor_config.patch(cuda_backend=inductor_config.cpu_backend)
+    patch.__enter__()
+    return lambda: patch.__exit__(None, None, None)
+
+
+_opened = False  # COMPILE_PATCHES was applied by a neuron graph's device pass (default backend)
+
+
+@contextlib.contextmanager
+def neuron_compile():
+    """Context manager: Inductor's changes for neuron graphs in force inside, undone when it ends.
+
+    ``backend="neuron"`` compiles inside it (the whole ``compile_fx``, and each
+    graph compiled later, such as a backward graph AOTAutograd compiles at the
+    first backward call). Under the default backend, the neuron graph's device
+    pass (:class:`_NeuronGraphPass`, run before lowering) applies the changes, and
+    they end with the graph's code generation, or with the compile, whichever
+    comes first: Dynamo's end-of-compile callback runs in a ``finally`` also
+    when a compile fails half-way.
+    """
+    COMPILE_PATCHES.apply()
+    try:
+        yield
+    finally:
+        GRAPH_PATCHES.reset()
+        CODEGEN_PATCHES.reset()
+        COMPILE_PATCHES.undo()
+
+
+def _open_scope() -> None:
+    global _opened
+    if not COMPILE_PATCHES.active:
+        COMPILE_PATCHES.apply()
+        _opened = True
+
+
+def _close_opened_scope(*_: Any) -> None:
+    global _opened
+    GRAPH_PATCHES.reset()
+    CODEGEN_PATCHES.reset()
+    if _opened:
+        _opened = False
+        COMPILE_PATCHES.undo()
+
+
+class _NeuronGraphPass(ChannelsLastConvolutions):
+    """The neuron graph pass Inductor runs after AOTAutograd, before lowering: it begins the compile scope."""
+
+    def __call__(self, gm: torch.fx.GraphModule) -> None:
+        _open_scope()
+        return super().__call__(gm)
+
+
+# The names Inductor's init_backend_registration looks up on torch.neuron.
+PythonWrapperCodegen = NeuronPythonWrapperCodegen
+
 @functools.cache
 def register() -> None:
-    """Register Inductor's code generators, device calls and Dynamo's interface for the neuron device (once)."""
+    """Register Inductor's code generators, device calls and Dynamo's interface for the neuron device (once).
+
+    Registration uses PyTorch's own registries and changes nothing for other
+    devices; the changes to Inductor's functions (:data:`PATCHES`) apply only
+    inside :func:`neuron_compile`.
+    """
     _cache.apply()
     diagnostics.install()
+    # PyTorch's own devices first, whichever compile comes first: the order of the registered device
+    # passes is part of every graph's FX cache key, a CPU graph's included.
+    _common.init_backend_registration()
     digest = hashlib.sha256()
     for path in (__file__, flex_attention.__file__):  # the code generators and the FlexAttention lowering
         with open(path, "rb") as source:
@@ -453,25 +544,15 @@ def register() -> None:
     for i in range(torch.neuron.device_count()):
         _di.register_interface_for_device(f"{DEVICE}:{i}", NeuronInterface)
     _common.register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
-    # Inductor's lowering and decompositions look the function up by these names.
-    for module in (_inductor_utils, _inductor_lowering, _inductor_decomposition):
-        module.use_scatter_fallback = _use_scatter_fallback
-    _ir.is_cpu = _is_cpu
-    _inductor_lowering.use_two_step_variance = _use_two_step_variance
-    _inductor_lowering.get_constant_value = _get_constant_value
-    _inductor_lowering._pad_as_cat = _pad_as_cat
-    _inductor_lowering._make_reduction_inner = _make_reduction_inner
-    flex_attention.enable_inductor()  # neuron flex_attention: the CPU's C++ template
-    for op, lowering in list(_inductor_lowering.lowerings.items()):
-        if lowering is _CAT:  # aten.cat and its overloads
-            _inductor_lowering.lowerings[op] = _cat
+    # Every compile's end (Dynamo's frames and AOTAutograd's lazy backward graphs, also failed ones)
+    # ends a scope a neuron graph opened.
+    from torch._dynamo.callback import callback_handler
+
+    callback_handler.register_end_callback(_close_opened_scope)
     if _common.get_scheduling_for_device(DEVICE) is None:
         _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, CppWrapperCpu,
-                                            WrapperFxCodegen, device_custom_pass=ChannelsLastConvolutions(),
+                                            WrapperFxCodegen, device_custom_pass=_NeuronGraphPass(),
                                             device_custom_config=_codegen_config)
 
-
-# The names Inductor's init_backend_registration looks up on torch.neuron.
-PythonWrapperCodegen = NeuronPythonWrapperCodegen
 
 register()
