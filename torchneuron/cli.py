@@ -103,11 +103,19 @@ def _add_parity_arguments(parser: argparse.ArgumentParser) -> None:
     _add_script_arguments(parser)
 
 
+def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``doctor`` subcommand."""
+    parser.add_argument("--sanitize", action="store_true",
+                        help="run the program under the stream sanitizer and list the synchronization bugs it "
+                             "finds (exit code 1 if any)")
+    _add_script_arguments(parser)
+
+
 def _run_doctor(args: argparse.Namespace) -> int:
     """Run a program on neuron and report ops, syncs, copies, memory and graph breaks."""
     from torchneuron.migrate.doctor import main as doctor
 
-    return doctor(args.script, args.script_args, json_path=args.json)
+    return doctor(args.script, args.script_args, json_path=args.json, sanitize_only=args.sanitize)
 
 
 def _run_parity(args: argparse.Namespace) -> int:
@@ -147,6 +155,11 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count-every-step", action="store_true",
                         help="count every step op by op (default: the first two; later steps are watched "
                              "through PyTorch's profiler and carry the counts of the step they repeat)")
+    parser.add_argument("--price", action="append", default=[], metavar="NAME=USD",
+                        help="on-demand USD per instance-hour for NAME, in place of the data file's (repeatable; "
+                             "for instances without a published price, or your own rate)")
+    parser.add_argument("-m", dest="module", action="store_true",
+                        help="SCRIPT is a module, run as `python -m` runs it (e.g. -m torchneuron.projection.workloads gpt)")
     parser.add_argument("script", nargs="?", help="the Python program to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="its arguments (after `--`, all of them, even ones named like ours)")
@@ -184,16 +197,23 @@ def _run_project(args: argparse.Namespace) -> int:
         per_target[name] = projection.Parallelism(**fields)
         return name
 
+    prices = {}
+    for item in args.price:
+        name, _, usd = item.partition("=")
+        try:
+            prices[name] = float(usd)
+        except ValueError:
+            raise SystemExit(f"torchneuron project: --price wants NAME=USD, got {item!r}") from None
     names = [parse(n) for n in args.target.split(",") if n]
     compare = [parse(n) for n in args.compare.split(",") if n]
     proj = projection.run_script(args.script, args.script_args, fake=args.fake,
-                                 full_steps=None if args.count_every_step else 2)
+                                 full_steps=None if args.count_every_step else 2, module=args.module)
     if args.tokens_per_step or args.samples_per_step:
         for step in proj.steps:
             step.tokens = step.tokens or args.tokens_per_step
             step.samples = step.samples or args.samples_per_step
     proj.declare(layers=args.layers, hidden=args.hidden)
-    report = proj.project(names, compare=compare, parallel=per_target, mode=args.mode)
+    report = proj.project(names, compare=compare, parallel=per_target, mode=args.mode, prices=prices)
     print(report.format())
     print(f"(counted {len(proj.steps)} step(s) in {proj.wall_s:.1f} s)")
     if args.json:
@@ -256,7 +276,7 @@ COMMANDS: list[Command] = [
     Command("migrate", "rewrite CUDA-specific code into device-agnostic code (shows a diff; --write applies it)",
             _add_migrate_arguments, _run_migrate),
     Command("doctor", "run a program on neuron and report its ops, host-device syncs, copies, memory and "
-            "graph breaks", _add_script_arguments, _run_doctor),
+            "graph breaks (--sanitize: its stream synchronization bugs)", _add_doctor_arguments, _run_doctor),
     Command("parity", "run a program on the CPU and on neuron and report the first loss that differs",
             _add_parity_arguments, _run_parity),
     Command("project", "count a program's work and project its step time and cost on Trainium and GPU "

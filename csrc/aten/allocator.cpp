@@ -11,12 +11,16 @@
 // them and each device keeps a bounded ring of what the allocator did, in the structure of
 // PyTorch's CUDA snapshots (memorySnapshot). While it is off, the allocation and free paths pay
 // a relaxed atomic load or two.
+//
+// PyTorch's GPU trace (c10::impl::GPUTrace, turned on by torch._C._activate_gpu_trace()) hears of
+// every allocation and free: torch.neuron._gpu_trace's callbacks, which the stream sanitizer uses.
 #include "neuron.h"
 
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -35,6 +39,18 @@
 
 namespace torchneuron {
 namespace {
+
+// Tells PyTorch's GPU trace (when on) that a device block was allocated or freed.
+void traceBlock(const void* ptr, bool allocated) {
+  if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace()) {
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    if (allocated) {
+      (*trace)->trace_gpu_memory_allocation(c10::DeviceType::PrivateUse1, addr);
+    } else {
+      (*trace)->trace_gpu_memory_deallocation(c10::DeviceType::PrivateUse1, addr);
+    }
+  }
+}
 
 using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingAllocator::StatType;
@@ -133,6 +149,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     } catch (const c10::OutOfMemoryError& e) {
       failWithSnapshot(e, device);
     }
+    traceBlock(block->ptr, true);
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
 
@@ -161,10 +178,12 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       delete block;
       throw;
     }
+    traceBlock(block->ptr, true);
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
 
   void release(Block* block) {
+    traceBlock(block->ptr, false);  // before the lock: the trace runs Python
     auto& d = *devices_[block->device];
     std::shared_ptr<c10::GatheredContext> context;
     const bool record = recording();
@@ -398,6 +417,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     update(d.stats.allocated_bytes, b.size, b.size, sign);
     update(d.stats.active_bytes, b.size, b.size, sign);
     update(d.stats.requested_bytes, b.size, b.requested, sign);
+    // torch.profiler(profile_memory=True): the block as a memory event of the device.
+    if (c10::memoryProfilingEnabled()) {
+      constexpr auto kAll = static_cast<size_t>(StatType::AGGREGATE);
+      c10::reportMemoryUsageToProfiler(b.ptr, sign * static_cast<int64_t>(b.size),
+                                       d.stats.allocated_bytes[kAll].current, d.stats.reserved_bytes[kAll].current,
+                                       c10::Device(kNeuron, b.device));
+    }
   }
 
   static void countSegment(DeviceState& d, size_t size, int sign) {

@@ -16,9 +16,15 @@ The report adds the bytes copied each way (``torch.neuron.transfer_stats()``), p
 device memory, ``torch.compile`` graph breaks and recompilations, and the CUDA
 APIs the compatibility layer translated, each with its source line.
 
+``--sanitize`` runs the program under the stream sanitizer instead
+(:func:`sanitize`) and lists the synchronization bugs it found: races between
+streams, host reads of ``non_blocking`` copies before synchronization, frees
+without ``record_stream`` and the like, each with the source lines involved.
+
 Example::
 
     $ torchneuron doctor --json report.json train.py --epochs 1
+    $ torchneuron doctor --sanitize train.py --epochs 1
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from ..neuron.memory import _format_size
 from . import cuda_compat
 from .runner import run_script
 
-__all__ = ["diagnose", "format_report", "main"]
+__all__ = ["diagnose", "format_report", "format_sanitizer_report", "main", "sanitize"]
 
 _aten = torch.ops.aten
 _SCALAR = "scalar read (.item(), float(), int(), bool(), if tensor:)"
@@ -444,13 +450,119 @@ def split_tool_args(args: Sequence[str], options: dict[str, bool]) -> tuple[list
     return script_args, found
 
 
-def main(script: str, script_args: Sequence[str], json_path: Optional[str] = None) -> int:
-    """``torchneuron doctor [--json FILE] script.py [args...]``: print the report, write the JSON.
+def sanitize(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
+    """Run ``script argv...`` on neuron under the stream sanitizer and return what it found.
 
-    Returns the program's exit code.
+    The CUDA compatibility layer is on, as for :func:`diagnose`. The sanitizer
+    (:mod:`torchneuron.neuron._sanitizer`) records every finding and lets the
+    program go on; it is turned off when the program ends, before the program's
+    own objects are freed (their frees at exit are no bug).
+
+    Returns:
+        A JSON-ready dict: ``script``, ``argv``, ``exit_code``, ``error``,
+        ``wall_time_s`` and ``findings``, each finding with ``kind``, ``title``,
+        ``count`` (identical findings are counted once), ``detail``, ``fix`` and
+        ``sites`` (file, line, code and what happened there; the current access first).
     """
-    args, found = split_tool_args(script_args, {"--json": True})
+    import runpy
+    import traceback
+
+    from ..neuron import _sanitizer
+
+    if _sanitizer.is_enabled():
+        raise RuntimeError("torchneuron doctor --sanitize: the sanitizer is already on in this process "
+                           "(TORCHNEURON_SANITIZER is set?); unset it and run again")
+    path = os.path.abspath(script)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"torchneuron doctor --sanitize: no such program: {script}")
+    found: list[Any] = []
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    was_enabled = cuda_compat.is_enabled()
+    error = None
+    start = time.perf_counter()
+    kept = None
+    if not was_enabled:
+        cuda_compat.enable("neuron")
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(path))
+    _sanitizer.enable("record")
+    try:
+        try:
+            kept = runpy.run_path(path, run_name="__main__")  # its globals live until the sanitizer is off
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the program's failure is a result, not ours
+            found = _sanitizer.disable()
+            error = traceback.format_exc()
+            code = 1
+    finally:
+        found = found or _sanitizer.disable()
+        elapsed = time.perf_counter() - start
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        if not was_enabled:
+            cuda_compat.disable()
+    del kept
+    groups: dict[tuple, dict[str, Any]] = {}
+    for report in found:
+        key = (report.kind, tuple((site.filename, site.lineno) for site in report.sites))
+        if key in groups:
+            groups[key]["count"] += 1
+            continue
+        groups[key] = {
+            "kind": report.kind, "title": report.title, "count": 1, "detail": report.detail, "fix": report.fix,
+            "sites": [{"file": site.filename, "line": site.lineno, "code": site.line, "what": site.what}
+                      for site in report.sites],
+        }
+    return {"script": script, "argv": list(argv), "exit_code": code, "error": error,
+            "wall_time_s": round(elapsed, 3), "findings": list(groups.values())}
+
+
+def format_sanitizer_report(report: dict[str, Any]) -> str:
+    """The text of a :func:`sanitize` report."""
+    base = os.path.dirname(os.path.abspath(report["script"]))
+    findings = report["findings"]
+    lines = [f"torchneuron doctor --sanitize: {report['script']} (exit code {report['exit_code']}, "
+             f"{report['wall_time_s']:.1f} s)"]
+    if report["error"]:
+        lines.append("The program failed:")
+        lines += ["  " + line for line in report["error"].rstrip().splitlines()[-4:]]
+    if not findings:
+        lines.append("Stream sanitizer: no synchronization bug found.")
+        return "\n".join(lines) + "\n"
+    lines.append(f"Stream sanitizer: {len(findings)} synchronization bug(s) found "
+                 "(correct here; wrong on a device that runs asynchronously):")
+    for i, finding in enumerate(findings, 1):
+        times = f" ({finding['count']}x)" if finding["count"] > 1 else ""
+        lines.append("")
+        lines.append(f"{i}. {finding['title'].replace(base + os.sep, '')}{times}")
+        lines.append(f"   {finding['detail']}")
+        for label, site in zip(("here", "against"), finding["sites"]):
+            where = os.path.relpath(site["file"], base) if site["file"].startswith(base) else site["file"]
+            lines.append(f"   {label}: {where}:{site['line']}: {site['code']}")
+            lines.append(f"         {site['what']}")
+        lines.append(f"   fix: {finding['fix']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(script: str, script_args: Sequence[str], json_path: Optional[str] = None, sanitize_only: bool = False) -> int:
+    """``torchneuron doctor [--json FILE] [--sanitize] script.py [args...]``: print the report, write the JSON.
+
+    Returns the program's exit code; with ``--sanitize``, 1 if the program
+    succeeded but the sanitizer found a bug.
+    """
+    args, found = split_tool_args(script_args, {"--json": True, "--sanitize": False})
     json_path = found.get("--json", json_path)
+    if sanitize_only or found.get("--sanitize"):
+        report = sanitize(script, args)
+        sys.stdout.flush()
+        print("\n" + format_sanitizer_report(report), end="")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(report, f, indent=1)
+            print(f"\nJSON report: {json_path}")
+        return report["exit_code"] or (1 if report["findings"] else 0)
     report = diagnose(script, args)
     sys.stdout.flush()
     print("\n" + format_report(report), end="")

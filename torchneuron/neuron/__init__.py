@@ -42,6 +42,7 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
+from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace fires torch.neuron._gpu_trace's callbacks)
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "memory_reserved", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
     "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
     "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize", "transfer_stats",
+    "enable_sanitizer",
     "reset_transfer_stats",
 ]
 
@@ -187,7 +189,22 @@ def synchronize(device: Any = None) -> None:
     Args:
         device: the device (default: the current one).
     """
-    _C._synchronize(_get_device_index(device))
+    index = _get_device_index(device)
+    _C._synchronize(index)
+    if _gpu_trace.DeviceSynchronizationCallbacks.callback_list:
+        _gpu_trace.DeviceSynchronizationCallbacks.fire_callbacks(index)
+
+
+def enable_sanitizer(on_report: str = "raise") -> None:
+    """Turn the stream sanitizer on (as ``TORCHNEURON_SANITIZER=1``); see :mod:`torchneuron.neuron._sanitizer`.
+
+    Args:
+        on_report: ``"raise"`` (stop at the first finding), ``"warn"`` (log each) or ``"record"`` (keep them
+            for :func:`torchneuron.neuron._sanitizer.reports`).
+    """
+    from . import _sanitizer
+
+    _sanitizer.enable(on_report)
 
 
 def _sleep(cycles: int) -> None:
@@ -231,3 +248,14 @@ def __getattr__(name: str) -> Any:
         return getattr(inductor, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
+
+def _sanitizer_from_env() -> None:
+    import os
+
+    value = os.environ.get("TORCHNEURON_SANITIZER", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return
+    enable_sanitizer(value if value in ("warn", "record", "raise") else "raise")
+
+
+_sanitizer_from_env()

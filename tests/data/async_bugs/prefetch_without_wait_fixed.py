@@ -1,0 +1,32 @@
+"""Fixed: the consumer waits for the copy stream, and the batch is recorded on the stream that uses it."""
+import torch
+
+
+class Prefetcher:
+    def __init__(self, batches):
+        self.batches = iter(batches)
+        self.stream = torch.neuron.Stream()
+        self.preload()
+
+    def preload(self):
+        self.next = next(self.batches, None)
+        if self.next is None:
+            return
+        with torch.neuron.stream(self.stream):
+            self.next = self.next.pin_memory().to("neuron", non_blocking=True)
+
+    def get(self):
+        torch.neuron.current_stream().wait_stream(self.stream)
+        batch = self.next
+        if batch is not None:
+            batch.record_stream(torch.neuron.current_stream())
+        self.preload()
+        return batch
+
+
+model = torch.nn.Linear(32, 4).to("neuron")
+loader = Prefetcher([torch.randn(8, 32) for _ in range(3)])
+total = 0.0
+while (batch := loader.get()) is not None:
+    total += model(batch).sum().item()
+print(total)
