@@ -365,3 +365,37 @@ def test_fp8_matmuls_run_at_the_fp8_rate():
     fp8 = projection.step_time([step], target, hints=ModelHints(params=cfg.num_params(), matmul_dtype="float8"))
     ratio = target.peak_flops("float8") / target.peak_flops("bfloat16")
     assert bf16["breakdown"]["compute:tensor"] == pytest.approx(fp8["breakdown"]["compute:tensor"] * ratio)
+
+
+def test_transcription_counts_one_encoder_pass_and_cached_decode_steps():
+    from torchneuron.projection.models import EncoderDecoderConfig
+    from torchneuron.projection.serving import _count_transcription, project_transcription
+
+    cfg = EncoderDecoderConfig(64, 2, 3, 4, 256, 1000, mel_bins=8, frames=50)
+    b, cache = 2, 10
+    encode, prompt, step = _count_transcription(cfg, b, 4, cache)
+    d, f, hd = cfg.dim, cfg.frames, cfg.dim // cfg.n_heads
+    # One decode step: self-attention projections (4 d x d) and cross-attention q and o (2 d x d), the
+    # feed-forward, attention over cache+1 cached positions and over the clip's f frames, the head.
+    per_layer = 2 * b * (6 * d * d + 2 * d * cfg.ffn_dim) + 4 * b * cfg.n_heads * hd * ((cache + 1) + f)
+    assert step.total("flops", "matmul") == pytest.approx(cfg.decoder_layers * per_layer + 2 * b * d * cfg.vocab)
+    # The encoder pass also projects every decoder layer's cross-attention keys and values once.
+    cross_kv = cfg.decoder_layers * 2 * 2 * b * f * d * d
+    assert encode.total("flops", "matmul") > cross_kv
+    (row,) = project_transcription(cfg, ["trn1.32xlarge"], batch=b, tokens_per_clip=20)
+    assert row["batch_s"] == pytest.approx(row["encoder_s"] + row["prompt_s"] + 20 * row["decode_s_per_token"])
+    assert row["audio_hours_per_instance_hour"] == pytest.approx(32 * b * 30.0 / row["batch_s"])
+    assert row["audio_hours_per_usd"] == pytest.approx(row["audio_hours_per_instance_hour"] / 21.50)
+
+
+def test_cli_projects_a_fake_llama_from_the_workloads_module(capsys):
+    from torchneuron.cli import main
+
+    code = main(["project", "--fake", "--mode", "compiled", "--target", "trn2.48xlarge@tp=8",
+                 "--compare", "p5.48xlarge@tp=8", "--price", "trn2.48xlarge=40",
+                 "-m", "torchneuron.projection.workloads", "llama", "--model", "llama2-7b", "--seq", "256"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "fake/meta tensors" in text and "given by the user" in text and "trn2.48xlarge $40.00" in text
+    line = next(l for l in text.splitlines() if l.startswith("trn2.48xlarge"))
+    assert "40.00*" in line and "fits" in line

@@ -14,11 +14,11 @@ Every output is a projection, not a measurement.
 
 from torchneuron.projection.counting import CountingMode, OpRecord, StepCounts, fake_mode, summarize
 from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, load_hardware, step_time, targets
-from torchneuron.projection.report import LABEL, Projection, Report, count, mark_step, run_script
-from torchneuron.projection.serving import project_serving
+from torchneuron.projection.report import LABEL, Projection, Report, count, declare, mark_step, run_script
+from torchneuron.projection.serving import project_serving, project_transcription
 
 __all__ = [
     "CountingMode", "OpRecord", "StepCounts", "fake_mode", "summarize", "ModelHints", "Parallelism", "Target",
     "get_target", "load_hardware", "step_time", "targets", "LABEL", "Projection", "Report", "count", "mark_step",
-    "run_script", "project_serving",
+    "run_script", "project_serving", "project_transcription", "declare",
 ]

@@ -299,6 +299,40 @@ class EncoderDecoder(nn.Module):
             y = block(y, memory)
         return self.dec_norm(y) @ self.embed.weight.t()
 
+    def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        """The encoder's output for ``mel``, and what transcription computes once per clip besides:
+        every decoder layer's cross-attention keys and values of that output."""
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).transpose(1, 2)
+        x = x + self.enc_pos[: x.shape[1]]
+        for block in self.encoder:
+            x = block(x)
+        memory = self.enc_norm(x)
+        for block in self.decoder:
+            block.cross.k(memory), block.cross.v(memory)
+        return memory
+
+    def decode(self, tokens: torch.Tensor, cache_len: int = 0) -> torch.Tensor:
+        """One decoder step of ``tokens`` after ``cache_len`` cached ones (fake or meta tensors only):
+        self-attention reads the cached keys and values, cross-attention the clip's cached ones."""
+        if not (tokens.device.type == "meta" or _is_fake(tokens)):
+            raise ValueError("decode is for counting on fake or meta tensors; this model keeps no KV cache")
+        cfg = self.cfg
+        b, s = tokens.shape
+        hd = cfg.dim // cfg.n_heads
+        y = self.embed(tokens) + self.dec_pos[min(cache_len, 448 - s): min(cache_len, 448 - s) + s]
+        for block in self.decoder:
+            h = block.norm1(y)
+            q = block.attn.q(h).view(b, s, cfg.n_heads, hd).transpose(1, 2)
+            k, v = block.attn.k(h), block.attn.v(h)  # this step's key and value join the cache
+            kc = k.new_zeros(()).expand(b, cfg.n_heads, cache_len + s, hd)
+            vc = v.new_zeros(()).expand(b, cfg.n_heads, cache_len + s, hd)
+            y = y + block.attn.o(attention(q, kc, vc, False).transpose(1, 2).reshape(b, s, cfg.dim))
+            q = block.cross.q(block.norm_cross(y)).view(b, s, cfg.n_heads, hd).transpose(1, 2)
+            mc = q.new_zeros(()).expand(b, cfg.n_heads, cfg.frames, hd)
+            y = y + block.cross.o(attention(q, mc, mc, False).transpose(1, 2).reshape(b, s, cfg.dim))
+            y = y + block.fc2(F.gelu(block.fc1(block.norm2(y))))
+        return self.dec_norm(y) @ self.embed.weight.t()
+
 
 def build_encoder_decoder(name_or_cfg, dtype: torch.dtype = torch.bfloat16, device: str = "meta") -> EncoderDecoder:
     """Build a Whisper-style model from a name in :data:`WHISPER_CONFIGS` or a config, without initialising."""

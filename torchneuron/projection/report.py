@@ -37,7 +37,7 @@ ASSUMPTIONS = [
     "Prices are on-demand list prices where a source was found (see hardware.json; some are unverified).",
 ]
 
-_active: List[C.CountingMode] = []
+_active: List["Projection"] = []
 
 
 def mark_step(tokens: int = 0, samples: int = 0) -> None:
@@ -46,7 +46,20 @@ def mark_step(tokens: int = 0, samples: int = 0) -> None:
     A no-op when nothing is counting, so a script can call it unconditionally.
     """
     if _active:
-        _active[-1].mark_step(tokens=tokens, samples=samples)
+        _active[-1].counter.mark_step(tokens=tokens, samples=samples)
+
+
+def declare(model: Optional[torch.nn.Module] = None, layers: int = 0, hidden: int = 0, params: int = 0,
+            training: Optional[bool] = None) -> None:
+    """Tell the projection counting this program what its kernels do not show (see
+    :meth:`Projection.declare`). A no-op when nothing is counting."""
+    if _active:
+        _active[-1].declare(model=model, layers=layers, hidden=hidden, params=params, training=training)
+
+
+def counting_fake() -> bool:
+    """Whether the program runs under a fake-mode count (tensors without data)."""
+    return bool(_active) and _active[-1].fake
 
 
 @dataclass
@@ -98,7 +111,8 @@ class Projection:
 
     def project(self, targets: Sequence[str], compare: Sequence[str] = (),
                 parallel: Union[Parallelism, Mapping[str, Parallelism], None] = None,
-                mode: str = "compiled", skip_first: bool = True) -> "Report":
+                mode: str = "compiled", skip_first: bool = True,
+                prices: Optional[Mapping[str, float]] = None) -> "Report":
         """Project the counted steps on each target and comparison.
 
         Args:
@@ -108,6 +122,8 @@ class Projection:
                 (missing names get one device); one device by default.
             mode: ``"eager"`` or ``"compiled"``.
             skip_first: leave out the first step when there are more (warm-up, lazy optimizer state).
+            prices: on-demand USD per hour by instance name, in place of ``hardware.json``'s (for
+                instances without a published price, or your own rate); the report says so.
         """
         steps = self.steps
         if skip_first and len(steps) > 1:
@@ -130,7 +146,7 @@ class Projection:
             tgt = get_target(name)
             timelines[name] = []
             rows.append(_row(tgt, step_time(steps, tgt, pars[name], mode, hints, trace=timelines[name]), pars[name],
-                             role="target" if name in targets else "compare"))
+                             role="target" if name in targets else "compare", price=(prices or {}).get(name)))
         if rows:
             # Work per dollar: tokens (else samples, else steps) per dollar, relative to the first row.
             unit = "tokens_per_step" if rows[0]["tokens_per_step"] else "samples_per_step" if rows[0]["samples_per_step"] else None
@@ -150,10 +166,11 @@ class Projection:
                       parallel=vars(par), mode=mode, stopped=self.stopped, hints=vars(hints), timelines=timelines)
 
 
-def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str) -> Dict[str, Any]:
+def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str, price: Optional[float] = None) -> Dict[str, Any]:
     step_s = t["step_s"]
     peak = tgt.peak_flops(t["dtype"]) * par.devices
-    price = tgt.price_per_hour
+    given = price is not None
+    price = price if given else tgt.price_per_hour
     usd_per_hour = price * t["nodes"] if price is not None else None
     usd_per_step = usd_per_hour * step_s / 3600.0 if usd_per_hour is not None else None
     tokens = t["tokens_per_step"]
@@ -170,7 +187,8 @@ def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str) -> Dict[st
         "usd_per_step": usd_per_step,
         "usd_per_million_tokens": usd_per_step / tokens * 1e6 if usd_per_step and tokens else None,
         "memory": t["memory"],
-        "price_verified": _price_verified(tgt),
+        "price_verified": False if given else _price_verified(tgt),
+        "price_given": given,
     }
 
 
@@ -280,6 +298,9 @@ class Report:
         for r in self.rows:
             parts = ", ".join(f"{k} {_time(v)}" for k, v in sorted(r["breakdown"].items(), key=lambda kv: -kv[1]) if v)
             lines.append(f"  {r['target']}: {parts}")
+        given = [f"{r['target']} ${r['usd_per_hour'] / r['nodes']:,.2f}" for r in self.rows if r.get("price_given")]
+        if given:
+            lines += ["", "prices per instance-hour given by the user, not from hardware.json: " + ", ".join(given)]
         lines += ["", "assumptions:"] + [f"  - {a}" for a in ASSUMPTIONS]
         lines.append("  - '*' after a price: not read from AWS's own pricing page (see hardware.json sources).")
         lines.append("work/$ = work per dollar relative to the first target (higher is cheaper).")
@@ -346,11 +367,11 @@ def count(fake: bool = False, group_size: int = 1, full_steps: Optional[int] = 2
             stack.enter_context(C.fake_mode())
             stack.enter_context(_fake_module_moves())
         stack.enter_context(counter)
-        _active.append(counter)
+        _active.append(proj)
         try:
             yield proj
         finally:
-            _active.remove(counter)
+            _active.remove(proj)
             proj.wall_s = time.perf_counter() - start
     if counter.data_dependent_reads:
         logger.warning("projection: %d value(s) read back to Python were 1 in fake mode", counter.data_dependent_reads)
@@ -388,8 +409,10 @@ def _fake_module_moves() -> Iterator[None]:
         torch.nn.Module._apply = original  # type: ignore[method-assign]
 
 
-def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: Optional[int] = 2) -> Projection:
-    """Run a Python script as ``__main__`` while counting its work.
+def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: Optional[int] = 2,
+               module: bool = False) -> Projection:
+    """Run a Python script (or, with ``module``, a module, as ``python -m`` does) as ``__main__``
+    while counting its work.
 
     Under ``fake`` a data-dependent shape (``nonzero``, boolean indexing...) stops the run; the steps
     counted before it are kept and the report says where it stopped. ``full_steps`` as for :func:`count`.
@@ -399,7 +422,10 @@ def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: O
     try:
         with count(fake=fake, full_steps=full_steps) as proj:
             try:
-                runpy.run_path(path, run_name="__main__")
+                if module:
+                    runpy.run_module(path, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(path, run_name="__main__")
             except SystemExit as e:
                 if e.code not in (None, 0):
                     raise

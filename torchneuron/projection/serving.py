@@ -103,3 +103,73 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
             "fits": memory <= target.hbm_bytes,
         })
     return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _count_transcription(cfg: Any, batch: int, prompt: int, cache_len: int) -> tuple:
+    """Counts of the encoder (with the cross-attention keys and values), the prompt and one decode step."""
+    from torchneuron.projection.models import build_encoder_decoder
+
+    with CountingMode() as counter, torch.no_grad():
+        net = build_encoder_decoder(cfg)
+        counter.discard()
+        net.encode(torch.zeros(batch, cfg.mel_bins, 2 * cfg.frames, dtype=torch.bfloat16, device="meta"))
+        counter.mark_step(samples=batch)
+        net.decode(torch.zeros(batch, prompt, dtype=torch.long, device="meta"))
+        counter.mark_step(tokens=batch * prompt)
+        net.decode(torch.zeros(batch, 1, dtype=torch.long, device="meta"), cache_len=cache_len)
+        counter.mark_step(tokens=batch)
+    return tuple(counter.completed_steps())
+
+
+def project_transcription(model: Any, targets: Sequence[str], batch: int = 16, tokens_per_clip: int = 128,
+                          prompt: int = 4, clip_s: float = 30.0, mode: str = "compiled") -> List[Dict[str, Any]]:
+    """Project transcribing audio with a Whisper-style model: hours of audio per hour and per dollar.
+
+    Each device transcribes ``batch`` clips of ``clip_s`` seconds at a time: the encoder once per
+    clip (with every decoder layer's cross-attention keys and values), the ``prompt`` tokens
+    (start, language, task, no-timestamps), then ``tokens_per_clip`` decode steps, each counted at
+    the mean cache length; every device of an instance is a replica.
+
+    Args:
+        model: name in :data:`~torchneuron.projection.models.WHISPER_CONFIGS` or a config.
+        targets: instance names.
+        batch: clips per device at a time.
+        tokens_per_clip: text tokens generated per clip (about 100 for 30 s of English speech).
+        prompt: decoder prompt tokens.
+        clip_s: seconds of audio per clip (Whisper's window is 30 s).
+        mode: ``"compiled"`` (default) or ``"eager"``.
+    """
+    from torchneuron.projection.models import WHISPER_CONFIGS
+
+    cfg = WHISPER_CONFIGS[model] if isinstance(model, str) else model
+    cache = prompt + tokens_per_clip // 2
+    encode, pre, dec = _count_transcription(cfg, batch, prompt, cache)
+    params = sum(p.numel() for p in _params_of(cfg))
+    hints = ModelHints(params=params, param_bytes=2, master_bytes=0)
+    kv_bytes = 2 * cfg.decoder_layers * batch * (prompt + tokens_per_clip + cfg.frames) * cfg.dim * 2
+    rows = []
+    for name in targets:
+        target = get_target(name)
+        t_enc, t_pre, t_dec = (step_time([c], target, Parallelism(), mode, hints) for c in (encode, pre, dec))
+        batch_s = t_enc["step_s"] + t_pre["step_s"] + tokens_per_clip * t_dec["step_s"]
+        replicas = target.devices_per_instance
+        audio_h_per_h = replicas * batch * clip_s / batch_s
+        price = target.price_per_hour
+        memory = params * 2 + kv_bytes + t_enc["memory"]["activations"]
+        rows.append({
+            "target": name, "batch": batch, "tokens_per_clip": tokens_per_clip, "replicas_per_instance": replicas,
+            "encoder_s": t_enc["step_s"], "prompt_s": t_pre["step_s"], "decode_s_per_token": t_dec["step_s"],
+            "batch_s": batch_s, "audio_hours_per_instance_hour": audio_h_per_h,
+            "usd_per_hour": price, "audio_hours_per_usd": audio_h_per_h / price if price else None,
+            "encoder_breakdown": t_enc["breakdown"], "decode_breakdown": t_dec["breakdown"],
+            "memory_per_device_bytes": memory, "capacity_bytes": target.hbm_bytes, "fits": memory <= target.hbm_bytes,
+        })
+    return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _params_of(cfg: Any) -> tuple:
+    from torchneuron.projection.models import build_encoder_decoder
+
+    return tuple(build_encoder_decoder(cfg).parameters())
