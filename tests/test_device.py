@@ -315,3 +315,28 @@ def test_tensor_repr_names_device():
     x = torch.tensor([1.0, 2.0], device="neuron")
     assert "device='neuron:0'" in repr(x)
     assert "device='neuron:1'" in repr(x.to("neuron:1"))
+
+
+_WITH_ANOTHER_ACCELERATOR = ("import os, threading, torch\n"
+                             "torch.cuda.is_available = lambda: True  # as in a process with a CUDA device\n"
+                             "import torchneuron\n"
+                             "seen = []\n"
+                             "x = torch.ones(3, device='neuron', requires_grad=True)\n"
+                             "y = x * 2\n"
+                             "y.register_hook(lambda g: seen.append(threading.get_ident()))\n"
+                             "y.sum().backward()\n"
+                             "z = torch.ones(3, device='neuron', requires_grad=True)\n"
+                             "w = z * 3\n"
+                             "w.register_hook(lambda g: seen.append(threading.get_ident()))\n"
+                             "torch.autograd.grad(w.sum(), z)\n"
+                             "print(torch.autograd.is_multithreading_enabled(), seen == [threading.get_ident()] * 2,\n"
+                             "      torchneuron.AUTOGRAD_PATCHES.active, flush=True)\n"
+                             "os._exit(0)")
+
+
+def test_autograd_threads_stay_on_for_another_accelerator(run_python):
+    """With another accelerator in the process, PyTorch's per-device threads stay on for it (the switch is
+    process-wide per thread, for every device type); neuron backward passes still run on the calling thread."""
+    r = run_python(_WITH_ANOTHER_ACCELERATOR, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "True"]
