@@ -19,7 +19,8 @@ VPY=.venv/bin/python
 PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
           "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6" "peft==0.21.2" "diffusers==0.42.1"
           numba tiktoken more-itertools
-          "datasets>=3.6,<4.8" "spmd_types==0.2.3" tyro einops torchdata torch_checkpointing tensorboard)
+          "datasets>=3.6,<4.8" "spmd_types==0.2.3" tyro einops torchdata torch_checkpointing tensorboard
+          "HolisticTraceAnalysis==0.5.0")
 # Installed without their dependencies, which would bring what the tests do not need (openai-whisper
 # requires triton, a GPU compiler; torchtitan wandb); what they import at run time is in PACKAGES.
 NO_DEPS_PACKAGES=("openai-whisper==20250625" "torchtitan==0.3.0")
