@@ -145,6 +145,47 @@ def test_doctor_counts_graph_breaks(tmp_path):
     assert ("scalar", 7) in kinds and ("printing/formatting", 12) in kinds
 
 
+def test_doctor_trace_writes_the_profile_and_lists_device_time(tmp_path, capsys):
+    from torchneuron.cli import main
+
+    trace_path, report_path = tmp_path / "trace.json", tmp_path / "report.json"
+    script = SCRIPTS / "mlp_item.py"
+    assert main(["doctor", "--trace", str(trace_path), str(script), "3", "--json", str(report_path)]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["trace"] == str(trace_path)
+    device_ops = {o["op"]: o for o in report["device_ops"]}
+    assert device_ops["aten::addmm"]["calls"] >= 6 and device_ops["aten::addmm"]["device_time_ms"] > 0
+    times = [o["device_time_ms"] for o in report["device_ops"]]
+    assert times == sorted(times, reverse=True)
+    assert "Device time by op (torch.profiler)" in out and "aten::addmm" in out
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert any(k["name"] == "addmm" and k["pid"] == 0 for k in kernels)
+    assert any(e.get("cat") == "gpu_memcpy" for e in events)  # the batches' copies to the device
+
+
+def test_doctor_leaves_dynamos_counters_as_it_found_them(tmp_path):
+    import torch._dynamo.utils
+
+    from torchneuron.migrate.doctor import diagnose
+
+    counters = torch._dynamo.utils.counters
+    counters["stats"]["sentinel_from_before"] += 3
+    script = tmp_path / "compiled.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        f = torch.compile(lambda x: x.sin() + 1, backend="eager")
+        print(f(torch.ones(3, device="cuda")).sum().item())
+    """))
+    report = diagnose(str(script))
+    assert report["exit_code"] == 0, report["error"]
+    assert counters["stats"]["sentinel_from_before"] == 3  # what was there stays
+    assert "sentinel_from_before" not in report["compile"]  # and the report counts the program's only
+    assert report["compile"]["used"] and report["compile"]["frames_compiled"] >= 1
+    del counters["stats"]["sentinel_from_before"]
+
+
 def test_parity_passes_on_a_correct_script(tmp_path):
     result = run_parity(str(SCRIPTS / "mlp_item.py"), ["3"], timeout=300)
     text = format_result(result, "mlp_item.py")

@@ -108,6 +108,9 @@ def _add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sanitize", action="store_true",
                         help="run the program under the stream sanitizer and list the synchronization bugs it "
                              "finds (exit code 1 if any)")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="also run it under torch.profiler, write the Chrome trace (host ops, device lanes) to "
+                             "FILE and list the ops by device time")
     _add_script_arguments(parser)
 
 
@@ -115,7 +118,8 @@ def _run_doctor(args: argparse.Namespace) -> int:
     """Run a program on neuron and report ops, syncs, copies, memory and graph breaks."""
     from torchneuron.migrate.doctor import main as doctor
 
-    return doctor(args.script, args.script_args, json_path=args.json, sanitize_only=args.sanitize)
+    return doctor(args.script, args.script_args, json_path=args.json, sanitize_only=args.sanitize,
+                  trace_path=args.trace)
 
 
 def _run_parity(args: argparse.Namespace) -> int:

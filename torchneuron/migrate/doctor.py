@@ -25,6 +25,11 @@ Example::
 
     $ torchneuron doctor --json report.json train.py --epochs 1
     $ torchneuron doctor --sanitize train.py --epochs 1
+    $ torchneuron doctor --trace trace.json train.py --epochs 1
+
+``--trace FILE`` also runs the program under ``torch.profiler`` with the neuron
+device's activity, writes the Chrome trace to FILE and lists the ops by the
+device time of the work they launched.
 """
 
 from __future__ import annotations
@@ -229,12 +234,14 @@ def _site_dict(site: Optional[_Site]) -> dict[str, Any]:
             "code": linecache.getline(site.file, site.line).strip() or None}
 
 
-def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
+def diagnose(script: str, argv: Sequence[str] = (), trace: Optional[str] = None) -> dict[str, Any]:
     """Run ``script argv...`` on neuron with the CUDA compatibility layer and return the report.
 
     Args:
         script: the program.
         argv: its arguments.
+        trace: also run it under ``torch.profiler`` (host ops and the device's activity) and write
+            the Chrome trace there; the report then lists the ops by device time (``device_ops``).
 
     Returns:
         A JSON-ready dict: ``script``, ``argv``, ``exit_code``, ``error``,
@@ -251,8 +258,10 @@ def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
         cuda_compat.enable("neuron")
     previous_recorder = cuda_compat.set_recorder(rec.cuda_call)
 
+    # Dynamo's counters are left as they are (torchneuron.compile.report() and the program read
+    # them); the report takes what the program added.
     counters = torch._dynamo.utils.counters
-    counters.clear()
+    counters_before = {key: Counter(values) for key, values in counters.items()}
     recompile_log = _RecompileLog()
     recompile_loggers = [logging.getLogger(n) for n in ("torch._dynamo.guards.__recompiles",
                                                          "torch._dynamo.guards.__recompiles_verbose")]
@@ -270,9 +279,16 @@ def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
         torch.neuron.synchronize(i)
         torch.neuron.reset_peak_memory_stats(i)
     transfers_before = torch.neuron.transfer_stats()
+    profiler = _trace_profiler() if trace else None
     try:
         with _PrintWatch(rec), _OpWatch(rec):
-            result = run_script(script, argv)
+            if profiler is not None:
+                with profiler:
+                    result = run_script(script, argv)
+                    for i in devices:
+                        torch.neuron.synchronize(i)
+            else:
+                result = run_script(script, argv)
         for i in devices:
             torch.neuron.synchronize(i)
     finally:
@@ -305,11 +321,14 @@ def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
     cuda_calls = [{"api": api, "count": count, **_site_dict(site)} for (api, site), count in rec.cuda_calls.items()]
     cuda_calls.sort(key=lambda c: (c["file"] or "", c["line"] or 0, c["api"]))
 
+    def added(key: str) -> Counter[str]:
+        return Counter(counters.get(key, {})) - counters_before.get(key, Counter())
+
     graph_breaks: Counter[str] = Counter()
     for key in ("graph_break", "unimplemented"):  # Dynamo files its graph breaks under both
-        graph_breaks.update(counters.get(key, {}))
-    stats = dict(counters.get("stats", {}))
-    frames = dict(counters.get("frames", {}))
+        graph_breaks.update(added(key))
+    stats = dict(added("stats"))
+    frames = dict(added("frames"))
     compiled = bool(frames) or bool(stats)
     report = {
         "script": os.path.abspath(script),
@@ -332,7 +351,30 @@ def diagnose(script: str, argv: Sequence[str] = ()) -> dict[str, Any]:
         },
         "cuda_calls": cuda_calls,
     }
+    if profiler is not None:
+        profiler.export_chrome_trace(trace)
+        report["trace"] = os.path.abspath(trace)
+        report["device_ops"] = _device_ops(profiler)
     return report
+
+
+def _trace_profiler() -> torch.profiler.profile:
+    """The profiler ``--trace`` runs the program under: host ops and the neuron device's activity."""
+    from torch.profiler import ProfilerActivity
+
+    return torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
+
+
+def _device_ops(profiler: torch.profiler.profile) -> list[dict[str, Any]]:
+    """The ops that ran work on the device, by the device time of that work (most first)."""
+    ops = []
+    for e in profiler.key_averages():
+        if e.self_device_time_total <= 0 or e.device_type == torch.autograd.DeviceType.PrivateUse1:
+            continue  # the kernels' own rows; their ops carry their time
+        ops.append({"op": e.key, "calls": e.count, "device_time_ms": e.self_device_time_total / 1e3,
+                    "host_time_ms": e.cpu_time_total / 1e3})
+    ops.sort(key=lambda o: (-o["device_time_ms"], o["op"]))
+    return ops
 
 
 def _bytes(n: float) -> str:
@@ -369,6 +411,15 @@ def format_report(report: dict[str, Any], top: int = 15) -> str:
             lines.append(f"  {o['op']:<40} {o['calls']:>8,} {o['time_ms']:>10.2f} {share:>6.1f}%")
         if len(device_ops) > top:
             lines.append(f"  ... {len(device_ops) - top} more in the JSON report")
+
+    if "device_ops" in report:
+        device_time = sum(o["device_time_ms"] for o in report["device_ops"])
+        lines.append("")
+        lines.append(f"Device time by op (torch.profiler): {device_time:.1f} ms; trace: {report['trace']}")
+        lines.append(f"  {'op':<40} {'calls':>8} {'device ms':>10} {'share':>7}")
+        for o in report["device_ops"][:top]:
+            share = 100 * o["device_time_ms"] / device_time if device_time else 0.0
+            lines.append(f"  {o['op']:<40} {o['calls']:>8,} {o['device_time_ms']:>10.2f} {share:>6.1f}%")
 
     syncs = report["syncs"]
     lines.append("")
@@ -546,14 +597,18 @@ def format_sanitizer_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(script: str, script_args: Sequence[str], json_path: Optional[str] = None, sanitize_only: bool = False) -> int:
-    """``torchneuron doctor [--json FILE] [--sanitize] script.py [args...]``: print the report, write the JSON.
+def main(script: str, script_args: Sequence[str], json_path: Optional[str] = None, sanitize_only: bool = False,
+         trace_path: Optional[str] = None) -> int:
+    """``torchneuron doctor [--json FILE] [--trace FILE] [--sanitize] script.py [args...]``: print the report.
+
+    With ``--json`` it also writes the report as JSON; with ``--trace`` the profiler's Chrome trace.
 
     Returns the program's exit code; with ``--sanitize``, 1 if the program
     succeeded but the sanitizer found a bug.
     """
-    args, found = split_tool_args(script_args, {"--json": True, "--sanitize": False})
+    args, found = split_tool_args(script_args, {"--json": True, "--sanitize": False, "--trace": True})
     json_path = found.get("--json", json_path)
+    trace_path = found.get("--trace", trace_path)
     if sanitize_only or found.get("--sanitize"):
         report = sanitize(script, args)
         sys.stdout.flush()
@@ -563,7 +618,7 @@ def main(script: str, script_args: Sequence[str], json_path: Optional[str] = Non
                 json.dump(report, f, indent=1)
             print(f"\nJSON report: {json_path}")
         return report["exit_code"] or (1 if report["findings"] else 0)
-    report = diagnose(script, args)
+    report = diagnose(script, args, trace=trace_path)
     sys.stdout.flush()
     print("\n" + format_report(report), end="")
     if json_path:
