@@ -188,7 +188,9 @@ def test_memviz_cli_writes_html(tmp_path):
 
     assert main(["memviz", str(snap)]) == 0
     html = (tmp_path / "snap.html").read_text()
-    assert "Active Memory Timeline" in html and "add_local_files" in html
+    assert "Active memory timeline" in html and "add_local_files" not in html   # the offline page by default
+    assert main(["memviz", str(snap), "-o", str(tmp_path / "trace.html"), "--kind", "trace"]) == 0
+    assert "Active Memory Timeline" in (tmp_path / "trace.html").read_text()
     out = tmp_path / "segments.html"
     assert main(["memviz", str(snap), "-o", str(out), "--kind", "segments"]) == 0
     assert "Allocator State History" in out.read_text()
@@ -242,3 +244,156 @@ def test_out_of_memory_with_history_on_writes_a_snapshot(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "ok"
     assert len(list(tmp_path.glob("neuron_oom_snapshot_dev0_pid*.pickle"))) == 2
+
+
+# The offline page (torchneuron memviz, the default --kind).
+
+def _offline_page(tmp_path, snapshot_path, *extra):
+    from torchneuron.cli import main
+
+    out = tmp_path / "page.html"
+    assert main(["memviz", str(snapshot_path), "-o", str(out), *extra]) == 0
+    return out.read_text()
+
+
+def _summary_row(html, device):
+    import re
+
+    m = re.search(r'<tr data-device="%d"([^>]*)>' % device, html)
+    assert m, html[:2000]
+    return {k: v for k, v in re.findall(r'data-(\w+)="([^"]*)"', m.group(1))}
+
+
+def _bands(html, device=0):
+    """(class, data-size) of each band polygon of the device's timeline, in drawing order."""
+    import re
+
+    section = html.split('<section class="device" data-device="%d"' % device, 1)[1].split("</section>", 1)[0]
+    return re.findall(r'<polygon class="(band(?: pre)?)" data-i="\d+" data-size="(\d+)"', section), section
+
+
+def _assert_offline(html):
+    import re
+
+    assert html.startswith("<!DOCTYPE html>")
+    lowered = html.lower()
+    assert "http://" not in lowered and "https://" not in lowered and "//cdn" not in lowered
+    assert not re.search(r"<script[^>]*\bsrc=", lowered) and "<link" not in lowered
+    assert "@import" not in lowered and "url(" not in lowered and "<iframe" not in lowered
+    assert "<svg" in html
+
+
+def test_offline_page_draws_one_band_per_allocation_and_the_allocators_numbers(tmp_path):
+    import json
+
+    base = torch.neuron.memory_allocated(0)
+    torch.neuron.reset_peak_memory_stats(0)
+    _record()
+    a = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    b = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron")
+    del b
+    c = torch.empty(5 * MiB, dtype=torch.uint8, device="neuron")
+    path = tmp_path / "snap.pickle"
+    torch.neuron.memory._dump_snapshot(str(path))
+    stats = torch.neuron.memory_stats(0)
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    html = _offline_page(tmp_path, path)
+    _assert_offline(html)
+
+    trace = snapshot["device_traces"][0]
+    allocs = [e["size"] for e in trace if e["action"] == "alloc"]
+    assert allocs == [MiB, 3 * MiB, 5 * MiB]
+    bands, section = _bands(html)
+    assert [int(size) for cls, size in bands if cls == "band"] == allocs
+    # Blocks alive before the history started (other tests' tensors, if any) are drawn too, marked as such.
+    before = {blk["address"] for s in _device0_segments(snapshot) for blk in s["blocks"]
+              if blk["state"] == "active_allocated"} - {e["addr"] for e in trace if e["action"] == "alloc"}
+    assert sum(cls == "band pre" for cls, _ in bands) == len(before)
+
+    row = _summary_row(html, 0)
+    assert int(row["allocated"]) == torch.neuron.memory_allocated(0) == stats["allocated_bytes.all.current"]
+    assert int(row["reserved"]) == torch.neuron.memory_reserved(0) == stats["reserved_bytes.all.current"]
+    assert int(row["segments"]) == stats["segment.all.current"] == len(_device0_segments(snapshot))
+    assert int(row["allocations"]) == 3
+    assert int(row["peak"]) == base + 6 * MiB == stats["allocated_bytes.all.peak"]
+
+    # The segment view: every segment and every block of the state is drawn, allocated vs cached.
+    import re
+    segs = {int(i) for i in re.findall(r'<rect class="seg" data-s="(\d+)"', section)}
+    assert segs == set(range(len(_device0_segments(snapshot))))
+    allocated_blocks = set(re.findall(r'<rect class="blk alloc" data-s="(\d+)" data-b="(\d+)"', section))
+    cached_blocks = set(re.findall(r'<rect class="blk cached" data-s="(\d+)" data-b="(\d+)"', section))
+    states = [blk["state"] for s in _device0_segments(snapshot) for blk in s["blocks"]]
+    assert len(allocated_blocks) == states.count("active_allocated") and len(cached_blocks) == states.count("inactive")
+    assert len(cached_blocks) >= 1                       # b's block, cached after del b
+
+    # What hovering shows: size, address and this test's line in the top Python frames of each allocation.
+    data = json.loads(html.split('<script type="application/json" id="memviz-data">', 1)[1].split("</script>", 1)[0])
+    drawn = [entry for entry in data["devices"]["0"]["bands"] if not entry[6]]
+    assert [entry[0] for entry in drawn] == allocs
+    assert drawn[0][1] == f"0x{a.data_ptr():x}" and drawn[2][1] == f"0x{c.data_ptr():x}"
+    assert drawn[0][3] is None and drawn[1][3] is not None     # a is alive at the end, b was freed
+    for entry in drawn:
+        python_frames = [data["frames"][i] for i in entry[4][0]]
+        assert any(THIS_FILE in line and "test_offline_page_draws_one_band" in line for line in python_frames)
+    del a, c
+
+
+def test_offline_page_without_recording_says_so(tmp_path):
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    path = tmp_path / "snap.pickle"
+    torch.neuron.memory._dump_snapshot(str(path))   # history off: state only
+    html = _offline_page(tmp_path, path)
+    _assert_offline(html)
+    bands, section = _bands(html)
+    assert bands == [] and "recording was off" in section
+    assert '<rect class="blk alloc"' in section          # the state is drawn all the same
+    row = _summary_row(html, 0)
+    assert row["peak"] == "" and int(row["allocations"]) == 0
+    assert int(row["allocated"]) == torch.neuron.memory_allocated(0)
+    del x
+
+
+def test_offline_page_caps_long_traces_and_shows_each_device(tmp_path):
+    _record()
+    keep = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    for _ in range(30):
+        t = torch.empty(4096, device="neuron")
+        del t
+    other = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron:1")
+    path = tmp_path / "snap.pickle"
+    torch.neuron.memory._dump_snapshot(str(path))
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)
+    n = len(snapshot["device_traces"][0])
+    assert n > 60
+    html = _offline_page(tmp_path, path, "--max-actions", "20")
+    _assert_offline(html)
+    assert f"The trace has {n} actions; the timeline draws the newest 20" in html
+    bands, _ = _bands(html)
+    window = snapshot["device_traces"][0][-20:]
+    assert sum(cls == "band" for cls, _ in bands) == sum(e["action"] == "alloc" for e in window)
+    assert ("band pre", str(2 * MiB)) in bands          # keep, allocated before the window, drawn from the left
+    assert int(_summary_row(html, 0)["allocations"]) == sum(e["action"] == "alloc" for e in snapshot["device_traces"][0])
+
+    # neuron:1 has its own section, selectable, with its one allocation.
+    assert '<select id="device">' in html and '<option value="1">neuron:1</option>' in html
+    bands1, _ = _bands(html, 1)
+    assert [size for cls, size in bands1 if cls == "band"] == [str(3 * MiB)]
+    assert int(_summary_row(html, 1)["allocated"]) == torch.neuron.memory_allocated(1)
+    del keep, other
+
+
+def test_offline_page_marks_an_out_of_memory_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_OOM_SNAPSHOT", str(tmp_path))
+    _record()
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(1 << 50, dtype=torch.uint8, device="neuron")
+    (dump,) = tmp_path.glob("neuron_oom_snapshot_dev0_*.pickle")
+    html = _offline_page(tmp_path, dump)
+    _assert_offline(html)
+    assert '<line class="oom"' in html and "tried to allocate 1048576 GiB" in html
+    assert int(_summary_row(html, 0)["ooms"]) == 1
+    del x

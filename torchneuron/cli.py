@@ -235,17 +235,19 @@ def _add_memviz_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a pickled memory snapshot (torch.neuron.memory._dump_snapshot, or an OOM dump)")
     parser.add_argument("-o", "--output", metavar="OUT.html",
                         help="the HTML file to write (default: SNAPSHOT with the suffix .html)")
-    parser.add_argument("--kind", choices=("trace", "segments"), default="trace",
-                        help="trace: memory in use over time; segments: the allocator's segments and blocks, "
-                             "event by event (default: trace)")
+    parser.add_argument("--kind", choices=("offline", "trace", "segments"), default="offline",
+                        help="offline: torchneuron's page, self-contained (timeline of allocations, segments and "
+                             "blocks, summary); trace, segments: PyTorch's memory visualizer (memory over time; "
+                             "the allocator's state event by event), whose page needs a network connection to "
+                             "load its script when it opens (default: offline)")
+    parser.add_argument("--max-actions", type=_positive_int, default=None, metavar="N",
+                        help="offline: draw the newest N actions of each device's trace (default: 20000)")
 
 
 def _run_memviz(args: argparse.Namespace) -> int:
-    """Write the HTML view of a memory snapshot with PyTorch's renderers."""
+    """Write the HTML view of a memory snapshot: torchneuron's offline page, or PyTorch's renderers."""
     import os
     import pickle
-
-    from torch.cuda import _memory_viz
 
     try:
         with open(args.snapshot, "rb") as f:
@@ -257,16 +259,23 @@ def _run_memviz(args: argparse.Namespace) -> int:
         print(f"torchneuron memviz: {args.snapshot} is not a memory snapshot (no 'segments' and 'device_traces'); "
               "write one with torch.neuron.memory._dump_snapshot()", file=sys.stderr)
         return 2
-    if args.kind == "trace":
-        html = _memory_viz.trace_plot(snapshot)
+    if args.kind == "offline":
+        from torchneuron.neuron import _memviz
+
+        html = _memviz.render_html(snapshot, title=os.path.basename(args.snapshot),
+                                   max_actions=args.max_actions or _memviz.MAX_ACTIONS)
+        where = "open it in a browser (it is self-contained: nothing is loaded when it opens)"
     else:
-        html = _memory_viz.segment_plot(snapshot)
+        from torch.cuda import _memory_viz
+
+        html = _memory_viz.trace_plot(snapshot) if args.kind == "trace" else _memory_viz.segment_plot(snapshot)
+        where = ("open it in a browser with a network connection (PyTorch's page loads its viewer script "
+                 "from a public CDN when it opens); `--kind offline` writes a page that needs none")
     output = args.output or os.path.splitext(args.snapshot)[0] + ".html"
     with open(output, "w", encoding="utf-8") as f:
         f.write(html)
     entries = sum(len(t) for t in snapshot["device_traces"])
-    print(f"wrote {output} ({len(snapshot['segments'])} segments, {entries} trace entries); "
-          "open it in a browser (the page loads PyTorch's viewer script from a public CDN when it opens)")
+    print(f"wrote {output} ({len(snapshot['segments'])} segments, {entries} trace entries); {where}")
     return 0
 
 
@@ -285,8 +294,9 @@ COMMANDS: list[Command] = [
             _add_parity_arguments, _run_parity),
     Command("project", "count a program's work and project its step time and cost on Trainium and GPU "
             "instances (a projection, not a measurement)", _add_project_arguments, _run_project),
-    Command("memviz", "write the HTML view of a memory snapshot (torch.neuron.memory._dump_snapshot) with "
-            "PyTorch's memory visualizer", _add_memviz_arguments, _run_memviz),
+    Command("memviz", "write the HTML view of a memory snapshot (torch.neuron.memory._dump_snapshot): "
+            "a self-contained page that works offline, or PyTorch's memory visualizer", _add_memviz_arguments,
+            _run_memviz),
 ]
 
 
