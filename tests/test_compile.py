@@ -673,3 +673,42 @@ def test_inductor_changes_are_listed_and_scoped():
             assert lowering.use_two_step_variance is inductor._use_two_step_variance
             raise ValueError("inside")
     assert lowering.use_two_step_variance is before and not inductor.COMPILE_PATCHES.active
+
+
+def test_patch_set_undoes_on_failure_and_rebinds_imported_names(monkeypatch):
+    """PatchSet: a replacement that fails undoes those applied before it; a name another module imported is
+    replaced there too, and put back, also in a module imported while the scope lasted."""
+    import sys
+    import types
+
+    from torchneuron import _patch
+
+    def original():
+        return "original"
+
+    home, user = types.ModuleType("tnpatchpkg.home"), types.ModuleType("tnpatchpkg.user")
+    home.f = user.f = original  # `from .home import f`
+    monkeypatch.setitem(sys.modules, "tnpatchpkg.home", home)
+    monkeypatch.setitem(sys.modules, "tnpatchpkg.user", user)
+    table = {"k": 1}
+
+    def broken(_):
+        raise RuntimeError("cannot build")
+
+    patches = _patch.PatchSet("test", [
+        _patch.attribute(home, "f", lambda orig: (lambda: "patched"), "f answers patched", bindings="tnpatchpkg"),
+        _patch.item(table, lambda: ["k"], lambda orig: orig + 1, "k plus one", target="table[k]"),
+        _patch.attribute(home, "g", broken, "fails", bindings="tnpatchpkg"),
+    ])
+    with pytest.raises(AttributeError):  # home has no g: the third change fails
+        patches.apply()
+    assert home.f is original and user.f is original and table == {"k": 1} and not patches.active
+
+    ok = _patch.PatchSet("test", patches.replacements[:2])
+    with ok.scope():
+        assert home.f() == user.f() == "patched" and table == {"k": 2}
+        late = types.ModuleType("tnpatchpkg.late")
+        late.f = home.f  # imported inside the scope
+        monkeypatch.setitem(sys.modules, "tnpatchpkg.late", late)
+    assert home.f is original and user.f is original and late.f is original and table == {"k": 1}
+    assert [p.target for p in ok.patches] == ["tnpatchpkg.home.f", "table[k]"]

@@ -67,20 +67,36 @@ class Replacement:
     apply: Callable[[], Undo]
 
 
+_index: dict[str, tuple[int, dict[int, list[tuple[Any, str]]]]] = {}  # package -> (modules seen, id -> places)
+
+
+_modules: dict[str, tuple[int, list[Any]]] = {}  # package -> (len(sys.modules) then, its modules)
+
+
+def _package_modules(package: str) -> list[Any]:
+    total = len(sys.modules)
+    cached = _modules.get(package)
+    if cached is None or cached[0] != total:
+        prefix = package + "."
+        cached = _modules[package] = (total, [m for name, m in list(sys.modules.items())
+                                              if m is not None and (name == package or name.startswith(prefix))])
+    return cached[1]
+
+
 def _bindings(original: Any, package: str) -> list[tuple[Any, str]]:
-    """Every ``(module, name)`` under ``package`` whose attribute ``name`` is ``original``."""
-    found = []
-    prefix = package + "."
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not (module_name == package or module_name.startswith(prefix)):
-            continue
-        namespace = getattr(module, "__dict__", None)
-        if not namespace:
-            continue
-        for name, value in list(namespace.items()):
-            if value is original:
-                found.append((module, name))
-    return found
+    """Every ``(module, name)`` under ``package`` whose attribute ``name`` is ``original``.
+
+    The modules' namespaces are indexed once, and again only when modules were imported since.
+    """
+    modules = _package_modules(package)
+    seen, index = _index.get(package, (-1, {}))
+    if seen != len(modules):
+        index = {}
+        for module in modules:
+            for name, value in list(getattr(module, "__dict__", {}).items()):
+                index.setdefault(id(value), []).append((module, name))
+        _index[package] = (len(modules), index)
+    return [(m, n) for m, n in index.get(id(original), ()) if getattr(m, n, None) is original]
 
 
 def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
@@ -116,11 +132,14 @@ def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
                 setattr(place_owner, place_name, value)
             raise
 
+        modules_at_apply = len(_package_modules(bindings)) if bindings is not None else 0
+
         def undo() -> None:
             restore = list(changed)
-            if bindings is not None:  # modules imported inside the scope bound the replacement
-                restore += [(m, n, original) for m, n in _bindings(replacement, bindings)
-                            if (m, n) not in {(o, a) for o, a, _ in changed}]
+            if bindings is not None and len(_package_modules(bindings)) != modules_at_apply:
+                # modules imported inside the scope bound the replacement
+                done = {(o, a) for o, a, _ in changed}
+                restore += [(m, n, original) for m, n in _bindings(replacement, bindings) if (m, n) not in done]
             for place_owner, place_name, value in reversed(restore):
                 if getattr(place_owner, place_name, None) is replacement:
                     setattr(place_owner, place_name, value)
