@@ -279,6 +279,51 @@ def _run_memviz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_traceviz_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of the ``traceviz`` subcommand."""
+    parser.add_argument("trace", metavar="TRACE.json",
+                        help="a Chrome trace (torch.profiler's export_chrome_trace, or the projection's --trace)")
+    parser.add_argument("-o", "--output", metavar="OUT.html",
+                        help="the HTML file to write (default: TRACE with the suffix .html)")
+    parser.add_argument("--step", type=int, metavar="N",
+                        help="draw the span of the slice ProfilerStep#N (torch.profiler's step N)")
+    parser.add_argument("--window", metavar="START:END",
+                        help="draw from START to END milliseconds after the trace's first event")
+    parser.add_argument("--width", type=_positive_int, default=1600, help="drawing width in pixels (default 1600)")
+    parser.add_argument("--flows", metavar="CAT[,CAT]",
+                        help="draw only the flow arrows of these categories (e.g. ac2g: launches to kernels)")
+
+
+def _run_traceviz(args: argparse.Namespace) -> int:
+    """Write a self-contained HTML timeline of a Chrome trace."""
+    import os
+
+    from torchneuron.neuron import _traceviz
+
+    window = None
+    if args.window:
+        try:
+            a, b = (float(v) for v in args.window.split(":"))
+        except ValueError:
+            print(f"torchneuron traceviz: --window wants START:END in milliseconds, not {args.window!r}",
+                  file=sys.stderr)
+            return 2
+        window = (a, b)
+    try:
+        events = _traceviz.load_trace(args.trace)
+        page = _traceviz.render_html(events, title=os.path.basename(args.trace), window_ms=window, step=args.step,
+                                     width=args.width,
+                                     flow_cats=set(args.flows.split(",")) if args.flows else None)
+    except _traceviz.TraceError as e:
+        print(f"torchneuron traceviz: {e}", file=sys.stderr)
+        return 2
+    output = args.output or os.path.splitext(args.trace)[0] + ".html"
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"wrote {output}; open it in a browser (it is self-contained: nothing is loaded when it opens)")
+    return 0
+
+
 COMMANDS: list[Command] = [
     Command(
         "demo",
@@ -297,6 +342,9 @@ COMMANDS: list[Command] = [
     Command("memviz", "write the HTML view of a memory snapshot (torch.neuron.memory._dump_snapshot): "
             "a self-contained page that works offline, or PyTorch's memory visualizer", _add_memviz_arguments,
             _run_memviz),
+    Command("traceviz", "write a self-contained HTML timeline of a Chrome trace (torch.profiler's "
+            "export_chrome_trace): processes, their threads and streams, slices and flow arrows",
+            _add_traceviz_arguments, _run_traceviz),
 ]
 
 
