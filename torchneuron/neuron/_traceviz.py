@@ -268,8 +268,10 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
         y += _PROC_H
         for ln in sorted(procs[pid], key=lambda ln: (_sort_key(ln.sort), _sort_key(ln.tid))):
             ln.y = y
-            visible = [s for s in ln.slices if s.ts < end and s.ts + s.dur > start]
-            # Rows of the nesting levels present in the window, without the empty ones between.
+            visible = [s for s in ln.slices if s.ts < end and s.ts + s.dur > start
+                       and min(x_of(s.ts + s.dur), _LABEL_W + plot_w) - max(x_of(s.ts), _LABEL_W) >= _MIN_PX]
+            hidden += sum(1 for s in ln.slices if s.ts < end and s.ts + s.dur > start) - len(visible)
+            # Rows of the nesting levels drawn in the window, without the empty ones between.
             used = sorted({s.depth for s in visible})
             ln.rows = {d: r for r, d in enumerate(used)}
             ln.used = used
@@ -281,9 +283,6 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
                 x0 = max(x_of(s.ts), _LABEL_W)
                 x1 = min(x_of(s.ts + s.dur), _LABEL_W + plot_w)
                 w = x1 - x0
-                if w < _MIN_PX:
-                    hidden += 1
-                    continue
                 s.index = len(table)
                 table.append([s.name, round((s.ts - origin) / 1e3, 6), round(s.dur, 3), f"{heading} / {ln.name}",
                               s.cat, s.args if isinstance(s.args, dict) else {}])
@@ -381,7 +380,7 @@ svg.trace text{font-size:11px;fill:#1d2329;pointer-events:none}
 .laneband{fill:#f6f8fa}.labelbg{fill:#fff}
 .sl rect{stroke:rgba(0,0,0,.25);stroke-width:.5}.sl:hover rect,.sl.sel rect{stroke:#000;stroke-width:1.5}
 .flow{fill:none;stroke:#c2410c;stroke-width:1;opacity:.75;marker-end:url(#arrow)}
-.flow[data-cat="fwdbwd"]{stroke:#6d28d9;opacity:.35}
+.flow[data-cat="fwdbwd"]{stroke:#6d28d9;stroke-width:.7;opacity:.3}
 .flow.hl{stroke-width:2.5;opacity:1}.arrowhead{fill:#c2410c}
 #info{position:fixed;right:12px;top:12px;width:380px;max-height:calc(100vh - 40px);overflow:auto;background:#fffffff2;border:1px solid #b9c2ca;border-radius:6px;padding:8px 12px;font-size:12px;box-shadow:0 2px 10px rgba(0,0,0,.12);display:none}
 #info .k{color:#5f6b76}#info td{vertical-align:top;padding:0 6px 0 0;word-break:break-all}
