@@ -278,6 +278,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_check_device", [](int i) { checkDevice(static_cast<c10::DeviceIndex>(i)); });
   m.def("_device_properties", &deviceProperties);
   m.def("_mem_get_info", &memGetInfo);
+  m.def("_strict_mode", &rt::strictMode, "Whether TORCHNEURON_STRICT=1 protects device memory.");
+  m.def("_install_strict_fault_handler", &rt::installStrictFaultHandler,
+        "Puts the runtime's report of a host access to device memory before the current SIGSEGV handler.");
   m.def("_synchronize", [](int i) {
     checkDevice(static_cast<c10::DeviceIndex>(i));
     rt::deviceSynchronize(i);

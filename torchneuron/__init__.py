@@ -29,6 +29,15 @@ import torch  # noqa: E402
 from . import _C  # noqa: F401  (registers allocator, guard, hooks and kernels)
 from . import _patch  # noqa: E402
 
+if _C._strict_mode():
+    # TORCHNEURON_STRICT=1: a host access to device memory outside the runtime stops the process;
+    # faulthandler then prints the Python stack of the access after the runtime's message.
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+    _C._install_strict_fault_handler()
+
 __version__ = "0.1.0"
 __all__ = ["neuron", "__version__"]
 

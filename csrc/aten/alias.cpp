@@ -37,7 +37,8 @@ c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
   const auto& current = storage->data_ptr();
   if (auto block = takeDeviceBlock(storage, device)) return std::move(*block);  // device memory already
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
-  if (!owned) return copyBuffer(storage, device);  // not ours to take: copy instead
+  // Not ours to take, or strict mode (where device memory is only the runtime's): copy instead.
+  if (!owned || rt::strictMode()) return copyBuffer(storage, device);
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   return adoptHostBuffer(std::move(host), nbytes, device);
 }

@@ -50,6 +50,30 @@ Status memGetInfo(int device, size_t* free_bytes, size_t* total_bytes);
 // The device a pointer returned by malloc() belongs to.
 Status pointerGetDevice(const void* ptr, int* device);
 
+// ---- strict mode (TORCHNEURON_STRICT=1) -----------------------------------
+// Device memory is out of the host's reach (page protection) except while the
+// runtime runs work that may touch it: a kernel (launchKernel), a copy
+// (memcpy), or a host-side operation that declared device access (a collective
+// in flight). Any other host access, from this library, a C++ extension or
+// data_ptr() arithmetic, stops the process at once with a message naming the
+// address and its device. Access windows are process-wide and nest.
+bool strictMode();
+// Reports a fault in device memory, then hands it to the SIGSEGV handler installed before this
+// call (e.g. Python's faulthandler, for the Python stack). Strict mode installs it at start.
+void installStrictFaultHandler();
+void deviceAccessBegin();
+void deviceAccessEnd();
+class DeviceAccess {  // a window of device access for its lifetime (nothing when not strict)
+ public:
+  DeviceAccess() : open_(strictMode()) { if (open_) deviceAccessBegin(); }
+  ~DeviceAccess() { if (open_) deviceAccessEnd(); }
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+
+ private:
+  bool open_;
+};
+
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice, HostToHost };
 Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind);
 

@@ -75,6 +75,7 @@ Status eventElapsedTime(float* ms, Event start, Event end) {
 Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
+  DeviceAccess access;  // strict mode: device memory is reachable while the kernel runs
   if (!activityRecording()) {
     fn(arg);
     return Status::Success;
