@@ -265,11 +265,11 @@ def _summary_row(html, device):
 
 
 def _bands(html, device=0):
-    """(class, data-size) of each band polygon of the device's timeline, in drawing order."""
+    """(class, data-size) of each band of the device's timeline, in drawing order."""
     import re
 
     section = html.split('<section class="device" data-device="%d"' % device, 1)[1].split("</section>", 1)[0]
-    return re.findall(r'<polygon class="(band(?: pre)?)" data-i="\d+" data-size="(\d+)"', section), section
+    return re.findall(r'<path class="(band(?: pre)?)" data-i="\d+" data-size="(\d+)"', section), section
 
 
 def _assert_offline(html):

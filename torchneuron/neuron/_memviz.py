@@ -42,6 +42,7 @@ MAX_SEGMENTS = 5_000
 FRAMES_SHOWN = 8
 CPP_FRAMES_SHOWN = 5
 
+_MAX_VERTICES = 400_000 # band outline vertices per device before the grid coarsens
 _PLOT_W = 1100          # timeline plot area, pixels
 _PLOT_H = 380
 _LEFT = 78              # room for the memory axis labels
@@ -219,7 +220,8 @@ class _Band:
     verts: list = field(default_factory=list)  # (x pixel, bottom offset in bytes) at each change
 
 
-def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_index: int) -> dict:
+def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_index: int,
+              column_px: float = 1.0) -> dict:
     """Stack the allocations of ``trace`` (the drawn window) into bands with their outlines.
 
     The x axis counts the actions that change the stack (``alloc``, ``free_completed``). A
@@ -260,10 +262,12 @@ def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_in
             offsets[p] = offsets[p - 1] + bands[stack[p - 1]].size if p else 0
         state["valid"] = max(state["valid"], upto + 1)
 
+    tol = [0.0]
+
     def place(band: _Band, offset: int, x: float) -> None:
         if not band.verts:
             band.verts.append((x_of(band.start), offset))
-        elif band.verts[-1][1] != offset:
+        elif abs(band.verts[-1][1] - offset) > tol[0]:
             if band.verts[-1][0] == x and len(band.verts) >= 2 and band.verts[-2][0] == x:
                 band.verts[-1] = (x, offset)
             else:
@@ -299,6 +303,16 @@ def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_in
             reserved -= int(e.get("size", 0))
         elif e.get("action") == "segment_free":
             reserved += int(e.get("size", 0))
+    # The scale, known before drawing: a band's outline gets a vertex only when it moved by half a
+    # pixel or more, so that a long trace of small frees under big allocations stays a small page.
+    running = high = state["total"]
+    top_reserved = r = reserved
+    for e in trace:
+        action, size = e.get("action"), int(e.get("size", 0))
+        running += size if action == "alloc" else -size if action == "free_completed" else 0
+        r += size if action == "segment_alloc" else -size if action == "segment_free" else 0
+        high, top_reserved = max(high, running), max(top_reserved, r)
+    tol[0] = 0.5 * _y_scale(high, top_reserved)[0] / _PLOT_H
     reserved_pts = [(x_of(0), reserved)]
     max_reserved = reserved
     ooms = []
@@ -321,9 +335,9 @@ def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_in
             continue
         step += 1
         x = x_of(step)
-        if int(x) != column:
+        if int(x / column_px) != column:
             flush(last_x)
-            column = int(x)
+            column = int(x / column_px)
         last_x = x
         addr, size = int(e.get("addr", 0)), int(e.get("size", 0))
         if action == "alloc":
@@ -348,7 +362,8 @@ def _timeline(trace: list[dict], segments: list[dict], frames: _Frames, first_in
             state["dirty"] = min(state["dirty"], p)
             state["total"] -= bands[b].size
     flush(last_x)
-    return {"bands": bands, "steps": steps, "x_of": x_of, "peak": peak, "reserved": reserved_pts,
+    vertices = sum(len(b.verts) for b in bands)
+    return {"bands": bands, "vertices": vertices, "steps": steps, "x_of": x_of, "peak": peak, "reserved": reserved_pts,
             "max_reserved": max_reserved, "ooms": ooms}
 
 
@@ -356,14 +371,33 @@ def _f(v: float) -> str:
     return f"{v:.1f}".rstrip("0").rstrip(".")
 
 
-def _timeline_svg(device: int, tl: dict, data: dict) -> str:
-    bands: list[_Band] = tl["bands"]
-    top = max(tl["peak"], tl["max_reserved"], 1)
+def _outline(points: list) -> str:
+    """A closed SVG path through ``points`` (formatted coordinates), with H and V for the steps."""
+    (x0, y0), parts = points[0], [f"M{points[0][0]},{points[0][1]}"]
+    for x, y in points[1:]:
+        if y == y0 and x != x0:
+            parts.append(f"H{x}")
+        elif x == x0 and y != y0:
+            parts.append(f"V{y}")
+        elif (x, y) != (x0, y0):
+            parts.append(f"L{x},{y}")
+        x0, y0 = x, y
+    return "".join(parts) + "Z"
+
+
+def _y_scale(peak: int, max_reserved: int) -> tuple:
+    """The top of the memory axis and its tick step, in bytes."""
+    top = max(peak, max_reserved, 1)
     # A cache much larger than the tensors would flatten the bands: then the reserved line is cut.
-    scale_top = top if tl["max_reserved"] <= 2 * max(tl["peak"], 1) else max(tl["peak"], 1)
+    scale_top = top if max_reserved <= 2 * max(peak, 1) else max(peak, 1)
     unit = 1 << (10 * min(3, max(0, int(math.log(max(scale_top, 1), 1024)))))
     step_b = _nice_step(scale_top * 1.04 / unit) * unit   # round steps of KiB, MiB or GiB
-    ymax = step_b * math.ceil(scale_top * 1.04 / step_b)
+    return step_b * math.ceil(scale_top * 1.04 / step_b), step_b
+
+
+def _timeline_svg(device: int, tl: dict, data: dict) -> str:
+    bands: list[_Band] = tl["bands"]
+    ymax, step_b = _y_scale(tl["peak"], tl["max_reserved"])
     sy = _PLOT_H / ymax
 
     def y(v: float) -> float:
@@ -394,13 +428,14 @@ def _timeline_svg(device: int, tl: dict, data: dict) -> str:
     for i, b in enumerate(bands):
         end_x = tl["x_of"](b.end if b.end is not None else tl["steps"])
         last = b.verts[-1][1] if b.verts else 0
-        bottom = list(b.verts) + [(end_x, last)]
-        pts = [f"{_f(px)},{_f(y(o))}" for px, o in bottom]
-        pts += [f"{_f(px)},{_f(y(o + b.size))}" for px, o in reversed(bottom)]
+        bottom = [(_f(px), _f(y(o))) for px, o in b.verts] + [(_f(end_x), _f(y(last)))]
+        top = [(_f(px), _f(y(o + b.size))) for px, o in reversed(b.verts)]
+        top.insert(0, (_f(end_x), _f(y(last + b.size))))
+        d = _outline(bottom + top)
         hue = (i * 137.508) % 360
         fill = f"hsl({hue:.0f},{28 if b.pre else 62}%,{70 if b.pre else 60}%)"
         cls = "band pre" if b.pre else "band"
-        out.append(f'<polygon class="{cls}" data-i="{i}" data-size="{b.size}" fill="{fill}" points="{" ".join(pts)}"/>')
+        out.append(f'<path class="{cls}" data-i="{i}" data-size="{b.size}" fill="{fill}" d="{d}"/>')
         table.append([b.size, f"0x{b.addr:x}", b.alloc_action, b.free_action, b.frames, b.free_frames, int(b.pre)])
     out.append('</g>')
     if tl["max_reserved"] > 0:
@@ -575,6 +610,16 @@ def render_html(snapshot: dict, *, title: str = "memory snapshot", max_actions: 
                              f"{len(window):,} (actions {first:,} to {len(trace) - 1:,}). Allocations made before "
                              "them and still alive are drawn from the left edge.</p>")
             tl = _timeline(window, segments, frames, first)
+            column_px = 1.0
+            while tl["vertices"] > _MAX_VERTICES and column_px < 16:
+                # Outlines that change in every column (many frees under many live blocks): draw
+                # their steps on a coarser grid rather than write a page of tens of megabytes.
+                column_px *= 2
+                tl = _timeline(window, segments, _Frames(), first, column_px)
+            if column_px > 1:
+                tl = _timeline(window, segments, frames, first, column_px)
+                parts.append(f'<p class="note">Many allocations move at once in this trace: band outlines '
+                             f"are drawn on a grid of {column_px:g} pixels.</p>")
             n_alloc = sum(1 for b in tl["bands"] if not b.pre)
             n_pre = len(tl["bands"]) - n_alloc
             parts.append(
