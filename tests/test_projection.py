@@ -330,16 +330,28 @@ def test_watched_steps_carry_the_counts_of_the_step_they_repeat():
 def test_a_watched_step_that_repeats_no_counted_step_is_left_out():
     model = _Net().to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with projection.count(full_steps=1) as p:  # the model is built before counting starts
-        for batch in (4, 4, 8):  # the last step runs other shapes than the counted one
-            F.cross_entropy(model(torch.randn(batch, 3, 8, 8, device="neuron")),
-                            torch.zeros(batch, dtype=torch.long, device="neuron")).backward()
-            opt.step()
-            opt.zero_grad()
-            p.step(samples=batch)
-    assert p.counter.unmatched_steps == 1
-    assert [s.samples for s in p.steps] == [4, 4]
+
+    def run(batches):
+        with projection.count(full_steps=1) as p:  # the model is built before counting starts
+            for batch in batches:
+                F.cross_entropy(model(torch.randn(batch, 3, 8, 8, device="neuron")),
+                                torch.zeros(batch, dtype=torch.long, device="neuron")).backward()
+                opt.step()
+                opt.zero_grad()
+                p.step(samples=batch)
+        return p
+
+    # Watched steps are first compared by shapes: a batch of 8 after one of 4 repeats nothing.
+    p = run((4, 8, 4))
+    assert not p.counter._switched
+    assert p.counter.unmatched_steps == 1 and [s.samples for s in p.steps] == [4, 4]
     assert "repeat no fully counted step" in p.project(["trn2.48xlarge"]).format()
+    # Once two watched steps in a row allocated alike, later ones are compared by their ops' names
+    # and what they allocated: the batch of 8 is caught there too.
+    p = run((4, 4, 4, 8, 4))
+    assert p.counter._switched
+    assert p.counter.unmatched_steps == 1 and [s.samples for s in p.steps] == [4, 4, 4, 4]
+    assert [s.repeat_of for s in p.steps] == [-1, 0, 0, 0]
 
 
 def test_prefill_pays_one_decode_step_and_unfused_attention_pays_per_score():

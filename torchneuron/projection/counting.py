@@ -255,6 +255,7 @@ class CountingMode(TorchDispatchMode):
         self._dispatching = False
         self._watch: Optional[_KernelWatch] = None
         self._segment = 0
+        self._switched = False
         self.group_size = group_size
         self.auto_steps = auto_steps
         self.marked = False
@@ -310,21 +311,28 @@ class CountingMode(TorchDispatchMode):
             self._dispatching = False
             super().__exit__(None, None, None)
 
-    def resolve(self, signatures: Dict[int, Any]) -> None:
+    def resolve(self, signatures: Dict[str, Dict[int, Any]]) -> None:
         """Give each watched step the records of the fully counted step whose kernels it repeats.
 
         Args:
-            signatures: per segment of the profiler's timeline (the ops between two step
-                boundaries), a hashable summary of its kernels (:class:`_KernelWatch`).
+            signatures: from :meth:`_KernelWatch.stop`: per segment of the profiler's timeline,
+                its ``exact`` signature where shapes were recorded and its ``named`` one.
         """
-        full = {}
+        exact, named = signatures["exact"], signatures["named"]
+        full: Dict[Any, int] = {}
         for i, step in enumerate(self.steps):
-            if step.counted and step.segment >= 0:
-                full.setdefault(signatures.get(step.segment), i)
+            if step.counted and step.segment in exact:
+                full.setdefault(exact[step.segment], i)
+        known: Dict[Any, int] = {}  # named signature of a watched step matched exactly -> its source
         for step in self.steps[:-1]:  # the last one is still open: nothing ran in it
             if step.counted:
                 continue
-            match = full.get(signatures.get(step.segment)) if step.segment in signatures else None
+            if step.segment in exact:
+                match = full.get(exact[step.segment])
+                if match is not None and step.segment in named:
+                    known.setdefault(named[step.segment], match)
+            else:
+                match = known.get(named.get(step.segment)) if step.segment in named else None
             if match is None:
                 self.unmatched_steps += 1
                 continue
@@ -351,6 +359,14 @@ class CountingMode(TorchDispatchMode):
             self.steps.pop()
         self.marked = True
         self._close_step(tokens, samples)
+        if self._watch is not None and not self._dispatching and not self._switched and len(self.steps) > 2:
+            # Only here, where the program marks a step itself: a profiler session must not end
+            # inside a profiled scope, as it would inside Optimizer.step's hooks. And only once two
+            # watched steps in a row allocated alike (the program is in its steady state).
+            closed, before = self.steps[-2], self.steps[-3]
+            if not closed.counted and not before.counted and before.segment >= 0 and closed.segment >= 0:
+                if self._watch.allocated(closed.segment) == self._watch.allocated(before.segment):
+                    self._switched = self._watch.switch(closed.segment)
 
     def _close_step(self, tokens: int = 0, samples: int = 0) -> None:
         self._sweep()
@@ -493,47 +509,120 @@ _ROOT_NAMESPACES = ("aten::", "c10d::", "_c10d_functional::", "c10d_functional::
 
 
 class _KernelWatch:
-    """A step's kernels as PyTorch's profiler sees them: names, input shapes, dtypes and scalars,
-    recorded in C++ by the dispatcher's callbacks; read back in Python only when counting ends."""
+    """The kernels of watched steps as PyTorch's profiler sees them, recorded in C++ by the
+    dispatcher's callbacks and read back in Python only when counting ends.
+
+    The first session records every op's name and input shapes, dtypes and integer arguments: a
+    step in it is compared exactly with the steps counted op by op. Reading back shapes costs about
+    as much as the step itself, so after the first watched step (:meth:`switch`) a second session
+    records names only, and each later step is compared with that first watched step by its ops'
+    names and by what it allocated on the accelerator (bytes and allocations, from the caching
+    allocator's counters, read at every step boundary): a step with other shapes allocates other
+    bytes. A program that allocates nothing on an accelerator keeps the first session to the end.
+    """
 
     def __init__(self) -> None:
         self._prof: Any = None
+        self._exact: Dict[int, Any] = {}  # segment -> hash of its kernels with shapes (first session)
+        self._names: Dict[int, tuple] = {}  # segment -> its kernels' names (every session)
+        self._readings: List[tuple] = []
+        self._segment = 0
+        self._with_shapes = True
 
-    def start(self) -> None:
-        self._prof = torch.autograd.profiler.profile(use_kineto=True, record_shapes=True, use_cpu=True)
+    def _session(self, shapes: bool) -> None:
+        self._with_shapes = shapes
+        self._first = self._segment
+        self._prof = torch.autograd.profiler.profile(use_kineto=True, record_shapes=shapes, use_cpu=True)
         with _quiet_stderr():
             self._prof.__enter__()
+
+    def _end_session(self, final: bool) -> None:
+        prof, self._prof = self._prof, None
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+        # Read the session back now, so that no profiler result outlives its session. A session
+        # ended by a switch owns the segments before the current one (the next session records
+        # that one); the final session owns everything from its first segment on.
+        end = None if final else self._segment
+        for seg, kernels in _segments(prof.kineto_results, self._first, self._with_shapes).items():
+            if end is not None and seg >= end:
+                continue
+            if self._with_shapes:
+                self._exact[seg] = hash(tuple(kernels))
+            self._names[seg] = tuple(k[0] for k in kernels)
+        del prof
+
+    def start(self) -> None:
+        self._readings.append(_allocations())
+        self._session(shapes=True)
 
     def boundary(self) -> None:
         with torch.autograd.profiler.record_function(_BOUNDARY):
             pass
+        self._readings.append(_allocations())
+        self._segment += 1
 
-    def stop(self) -> Dict[int, Any]:
-        """End the watch; returns a signature (hashable) per segment between boundaries."""
-        prof, self._prof = self._prof, None
-        with _quiet_stderr():
-            prof.__exit__(None, None, None)
-        roots = prof.kineto_results.experimental_event_tree()
-        events: List[Any] = []
-        stack = list(roots)
-        while stack:
-            e = stack.pop()
-            name = e.name
-            if name == _BOUNDARY or name.startswith(_ROOT_NAMESPACES):
-                events.append((e.start_time_ns, name, e))
-            else:
-                stack.extend(e.children)
-        events.sort(key=lambda x: x[0])
-        segments: Dict[int, List[Any]] = defaultdict(list)
-        seg = 0
-        for _, name, e in events:
-            if name == _BOUNDARY:
-                seg += 1
-                continue
-            kernel = _watched_name(name)
-            if kernel:
-                segments[seg].append((kernel, tuple(_arg_signature(a) for a in e.extra_fields.inputs)))
-        return {k: hash(tuple(v)) for k, v in segments.items()} | {k: hash(()) for k in range(seg + 1) if k not in segments}
+    def allocated(self, segment: int) -> tuple:
+        """Bytes and allocations the accelerator's allocator made during ``segment``."""
+        if segment + 1 >= len(self._readings):
+            return ()
+        a, b = self._readings[segment], self._readings[segment + 1]
+        return tuple(y - x for x, y in zip(a, b))
+
+    def switch(self, reference: int) -> bool:
+        """Go on with names only if ``reference`` (a closed watched step) allocated on an accelerator."""
+        if not self._with_shapes or not any(self.allocated(reference)):
+            return False
+        self._end_session(final=False)
+        self._session(shapes=False)
+        return True
+
+    def stop(self) -> Dict[str, Dict[int, Any]]:
+        """End the watch. Returns per segment (the ops between two boundaries) its ``exact``
+        signature (names, shapes, dtypes, integer arguments) where shapes were recorded, and its
+        ``named`` one (names and allocations) everywhere."""
+        self._end_session(final=True)
+        named = {seg: hash((names, self.allocated(seg))) for seg, names in self._names.items()}
+        return {"exact": dict(self._exact), "named": named}
+
+
+def _segments(results: Any, first: int, shapes: bool) -> Dict[int, List[Any]]:
+    """A profiler session's outermost ATen ops, in time order, cut into segments at the boundaries."""
+    events: List[Any] = []
+    stack = list(results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        name = e.name
+        if name == _BOUNDARY or name.startswith(_ROOT_NAMESPACES):
+            events.append((e.start_time_ns, name, e))
+        else:
+            stack.extend(e.children)
+    events.sort(key=lambda x: x[0])
+    segments: Dict[int, List[Any]] = defaultdict(list)
+    seg = first
+    segments[seg] = []
+    for _, name, e in events:
+        if name == _BOUNDARY:
+            seg += 1
+            segments[seg] = []
+            continue
+        kernel = _watched_name(name)
+        if kernel:
+            args = tuple(_arg_signature(a) for a in e.extra_fields.inputs) if shapes else ()
+            segments[seg].append((kernel, args))
+    return segments
+
+
+def _allocations() -> tuple:
+    """The accelerator caching allocator's cumulative counters: bytes and allocations, per device."""
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if acc is None:
+        return ()
+    out = []
+    for i in range(torch.accelerator.device_count()):
+        stats = torch._C._accelerator_getDeviceStats(i)
+        out += [stats["allocated_bytes"]["all"]["allocated"], stats["allocation"]["all"]["allocated"]]
+    return tuple(out)
 
 
 _WATCHED: Dict[str, str] = {}

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import logging
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -123,7 +123,8 @@ def _count_transcription(cfg: Any, batch: int, prompt: int, cache_len: int) -> t
 
 
 def project_transcription(model: Any, targets: Sequence[str], batch: int = 16, tokens_per_clip: int = 128,
-                          prompt: int = 4, clip_s: float = 30.0, mode: str = "compiled") -> List[Dict[str, Any]]:
+                          prompt: int = 4, clip_s: float = 30.0, mode: str = "compiled",
+                          prices: Optional[Dict[str, float]] = None) -> List[Dict[str, Any]]:
     """Project transcribing audio with a Whisper-style model: hours of audio per hour and per dollar.
 
     Each device transcribes ``batch`` clips of ``clip_s`` seconds at a time: the encoder once per
@@ -139,6 +140,7 @@ def project_transcription(model: Any, targets: Sequence[str], batch: int = 16, t
         prompt: decoder prompt tokens.
         clip_s: seconds of audio per clip (Whisper's window is 30 s).
         mode: ``"compiled"`` (default) or ``"eager"``.
+        prices: USD per instance-hour by name, in place of ``hardware.json``'s.
     """
     from torchneuron.projection.models import WHISPER_CONFIGS
 
@@ -155,13 +157,13 @@ def project_transcription(model: Any, targets: Sequence[str], batch: int = 16, t
         batch_s = t_enc["step_s"] + t_pre["step_s"] + tokens_per_clip * t_dec["step_s"]
         replicas = target.devices_per_instance
         audio_h_per_h = replicas * batch * clip_s / batch_s
-        price = target.price_per_hour
+        price = (prices or {}).get(name, target.price_per_hour)
         memory = params * 2 + kv_bytes + t_enc["memory"]["activations"]
         rows.append({
             "target": name, "batch": batch, "tokens_per_clip": tokens_per_clip, "replicas_per_instance": replicas,
             "encoder_s": t_enc["step_s"], "prompt_s": t_pre["step_s"], "decode_s_per_token": t_dec["step_s"],
             "batch_s": batch_s, "audio_hours_per_instance_hour": audio_h_per_h,
-            "usd_per_hour": price, "audio_hours_per_usd": audio_h_per_h / price if price else None,
+            "usd_per_hour": price, "price_given": name in (prices or {}), "audio_hours_per_usd": audio_h_per_h / price if price else None,
             "encoder_breakdown": t_enc["breakdown"], "decode_breakdown": t_dec["breakdown"],
             "memory_per_device_bytes": memory, "capacity_bytes": target.hbm_bytes, "fits": memory <= target.hbm_bytes,
         })

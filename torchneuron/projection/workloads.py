@@ -65,7 +65,11 @@ def _whisper(args: argparse.Namespace) -> None:
     from torchneuron.projection.serving import project_transcription
 
     targets = [t for t in args.targets.split(",") if t]
-    rows = project_transcription(args.model, targets, batch=args.batch, tokens_per_clip=args.tokens)
+    prices = {}
+    for item in args.price:
+        name, _, usd = item.partition("=")
+        prices[name] = float(usd)
+    rows = project_transcription(args.model, targets, batch=args.batch, tokens_per_clip=args.tokens, prices=prices)
     print(f"== {report.LABEL} ==")
     print(f"{args.model}: transcribing {args.batch} clips of 30 s per device at a time, {args.tokens} tokens per clip; "
           "every device a replica; compiled")
@@ -82,6 +86,9 @@ def _whisper(args: argparse.Namespace) -> None:
               f"{'fits' if r['fits'] else 'does not fit'}")
     print("audio h/h = hours of audio transcribed per instance-hour; '*' = price not read from AWS's pricing page; "
           "n/a = no published price found (hardware.json)")
+    if prices:
+        print("prices given by the user, not from hardware.json: "
+              + ", ".join(f"{k} ${v:,.2f}" for k, v in prices.items()))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -104,6 +111,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     whisper.add_argument("--targets", default="trn1.32xlarge,trn2.48xlarge,g5.xlarge,p4de.24xlarge,p5.48xlarge")
     whisper.add_argument("--batch", type=int, default=16, help="clips per device at a time")
     whisper.add_argument("--tokens", type=int, default=128, help="text tokens per 30 s clip")
+    whisper.add_argument("--price", action="append", default=[], metavar="NAME=USD",
+                         help="USD per instance-hour for NAME, in place of the data file's (repeatable)")
     args = parser.parse_args(argv)
     {"gpt": _gpt, "llama": _llama, "whisper": _whisper}[args.workload](args)
     return 0
