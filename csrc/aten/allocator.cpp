@@ -13,7 +13,9 @@
 // a relaxed atomic load or two.
 //
 // PyTorch's GPU trace (c10::impl::GPUTrace, turned on by torch._C._activate_gpu_trace()) hears of
-// every allocation and free: torch.neuron._gpu_trace's callbacks, which the stream sanitizer uses.
+// every allocation and free while torch.ops.torchneuron._trace_allocations(True) asks for it:
+// torch.neuron._gpu_trace's callbacks, which the stream sanitizer uses. PyTorch's trace cannot be
+// turned off again, so the allocator's own switch keeps it out of the way (a relaxed load) after.
 #include "neuron.h"
 
 #include <torch/csrc/profiler/combined_traceback.h>
@@ -21,6 +23,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/GPUTrace.h>
+#include <torch/library.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -40,8 +43,11 @@
 namespace torchneuron {
 namespace {
 
-// Tells PyTorch's GPU trace (when on) that a device block was allocated or freed.
+std::atomic<bool> g_trace_blocks{false};
+
+// Tells PyTorch's GPU trace (when asked to, and on) that a device block was allocated or freed.
 void traceBlock(const void* ptr, bool allocated) {
+  if (!g_trace_blocks.load(std::memory_order_relaxed)) return;
   if (const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace()) {
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
     if (allocated) {
@@ -621,3 +627,8 @@ c10::Allocator* allocatorFor(c10::DeviceIndex device) {
 }
 
 }  // namespace torchneuron
+
+TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+  m.def("_trace_allocations(bool on) -> ()",
+        [](bool on) { torchneuron::g_trace_blocks.store(on, std::memory_order_relaxed); });
+}

@@ -27,7 +27,7 @@ synchronizations, by sequence numbers) and ``ArgumentHandler`` (which
 arguments of an operator it reads and writes, from the schema) are used as they
 are, for neuron tensors; what is neuron's own is the dispatch mode, the host
 side (pending copies), frees (through PyTorch's GPU trace, which the neuron
-caching allocator fires) and the reports. Streams and events report to it
+caching allocator fires while the sanitizer is on) and the reports. Streams and events report to it
 through ``torch.neuron._gpu_trace`` (see :mod:`torchneuron.neuron.streams`).
 
 What it does not see: work on streams or events made before it was turned on,
@@ -551,7 +551,8 @@ def enable(on_report: str = "raise") -> None:
         _active.on_report = on_report
         return
     sanitizer = _Sanitizer(on_report)
-    torch._C._activate_gpu_trace()  # the caching allocator's frees reach torch.neuron._gpu_trace
+    torch._C._activate_gpu_trace()  # PyTorch's GPU trace on (for good: it has no off switch)
+    torch.ops.torchneuron._trace_allocations(True)  # the caching allocator fires it, until disable()
     registries = _gpu_trace.registries()
     for name, callback in sanitizer.callbacks.items():
         registries[name].add_callback(callback)
@@ -568,6 +569,7 @@ def disable() -> list[Report]:
     if sanitizer is None:
         return []
     sanitizer.mode.__exit__(None, None, None)
+    torch.ops.torchneuron._trace_allocations(False)
     registries = _gpu_trace.registries()
     for name, callback in sanitizer.callbacks.items():
         _gpu_trace.remove_callback(registries[name], callback)
