@@ -137,6 +137,14 @@ def test_api_records_and_disable_restores(sanitizer):
     with torch.neuron.stream(torch.neuron.Stream()):
         x + 1
     assert sanitizer.reports() == []
+    freed = []  # the allocator stops firing PyTorch's GPU trace (which stays on) once the sanitizer is off
+    note = freed.append
+    torch.neuron._gpu_trace.MemoryDeallocationCallbacks.add_callback(note)
+    try:
+        del y, x
+        assert freed == []
+    finally:
+        torch.neuron._gpu_trace.remove_callback(torch.neuron._gpu_trace.MemoryDeallocationCallbacks, note)
     sanitizer.enable("record")  # the fixture turns it off
 
 
