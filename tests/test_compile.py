@@ -598,8 +598,9 @@ _SCOPE_PROGRAM = textwrap.dedent('''
     if mode == "fail":
         from torchneuron.compile import inductor
         def failing(self, node):
-            seen["patched_during_compile"] = (lowering.use_two_step_variance is not originals["lowering.use_two_step_variance"]
-                                              and decomposition.use_scatter_fallback is not originals["decomposition.use_scatter_fallback"])
+            seen["patched_during_compile"] = (
+                lowering.use_two_step_variance is not originals["lowering.use_two_step_variance"]
+                and decomposition.use_scatter_fallback is not originals["decomposition.use_scatter_fallback"])
             seen["config_during_compile"] = torch._inductor.config.loop_ordering_after_fusion
             raise RuntimeError("injected failure half-way through a neuron compile")
         with mock.patch.object(inductor.Scheduling, "codegen_node", failing):

@@ -269,7 +269,8 @@ class PatchSet:
             except Exception as e:  # keep undoing the rest
                 errors.append(e)
         if errors:
-            raise RuntimeError(f"{self.name}: {len(errors)} change(s) could not be undone: {errors[0]!r}") from errors[0]
+            raise RuntimeError(f"{self.name}: {len(errors)} change(s) could not be undone: "
+                               f"{errors[0]!r}") from errors[0]
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:

@@ -27,7 +27,10 @@ _tracing = False
 
 
 def set_tracing(on: bool) -> bool:
-    """Make the streams and events handed out from now on report to ``torch.neuron._gpu_trace``; returns the old setting."""
+    """Make the streams and events handed out from now on report to ``torch.neuron._gpu_trace``.
+
+    Returns the previous setting.
+    """
     global _tracing
     previous, _tracing = _tracing, bool(on)
     return previous
