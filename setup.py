@@ -41,6 +41,20 @@ class build_ext(BuildExtension.with_options(use_ninja=True)):
         super().finalize_options()
         self.build_temp = BUILD_TEMP
 
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        """Put a built library in place as a new file (a rename), never by rewriting the old one.
+
+        Processes that loaded the previous torchneuron/_C*.so (a test run, a notebook) map its
+        pages; overwriting it in place would change the code under them.
+        """
+        if not str(outfile).endswith(".so") or os.path.dirname(os.path.abspath(outfile)) == os.path.dirname(
+                os.path.abspath(infile)):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        temporary = f"{outfile}.{os.getpid()}.tmp"
+        result = super().copy_file(infile, temporary, *args, **kwargs)
+        os.replace(temporary, outfile)
+        return (outfile, result[1]) if isinstance(result, tuple) else result
+
 
 setup(
     ext_modules=[

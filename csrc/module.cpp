@@ -289,12 +289,6 @@ PYBIND11_MODULE(_C, m) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(defaultGenerator(static_cast<c10::DeviceIndex>(i))));
   });
-  m.def("_cpu_view", &cpuView,
-        "A CPU tensor over the memory of a neuron tensor (no copy); it keeps that memory alive.");
-  m.def("_adopt", [](const at::Tensor& cpu, int device) {
-    TORCH_CHECK(cpu.device().is_cpu(), "expected a CPU tensor, got one on ", cpu.device());
-    return adoptOutput(cpu.contiguous().clone(), static_cast<c10::DeviceIndex>(device));
-  }, "A neuron tensor holding a copy of a CPU tensor's values.");
   m.attr("_empty_strided") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kEmptyStrided, nullptr, m.ptr()));
   m.attr("_launch") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kLaunch, nullptr, m.ptr()));
   m.def("_register_collectives", &distributed::registerCollectives,

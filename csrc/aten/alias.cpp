@@ -25,22 +25,22 @@ at::Tensor makeTensor(c10::Storage storage, c10::DispatchKey key, const at::Tens
 
 // Moves the buffer of a CPU storage into device memory of `device`. The
 // storage is left empty; its bytes now belong to the returned DataPtr.
-c10::DataPtr copyBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
+c10::DataPtr copyHostBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   c10::DataPtr fresh = allocateOn(device, nbytes);
   if (nbytes > 0) rt::memcpy(fresh.get(), storage->data(), nbytes, rt::CopyKind::HostToDevice);
   return fresh;
 }
 
-c10::DataPtr takeBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
+c10::DataPtr takeHostBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   const auto& current = storage->data_ptr();
   if (auto block = takeDeviceBlock(storage, device)) return std::move(*block);  // device memory already
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
   // Not ours to take, or strict mode (where device memory is only the runtime's): copy instead.
-  if (!owned || rt::strictMode()) return copyBuffer(storage, device);
+  if (!owned || rt::strictMode()) return copyHostBuffer(storage, device);
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
-  return adoptHostBuffer(std::move(host), nbytes, device);
+  return deviceBlockFromHostBuffer(std::move(host), nbytes, device);
 }
 
 }  // namespace
@@ -62,11 +62,11 @@ void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
   impl->_set_neg(neuron.is_neg());
 }
 
-at::Tensor cpuAliasSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
+at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
   return makeTensor(cpu_storage, c10::DispatchKey::CPU, neuron);
 }
 
-at::Tensor cpuAlias(const at::Tensor& neuron) {
+at::Tensor hostView(const at::Tensor& neuron) {
   at::Tensor* empty_slot = nullptr;
   for (auto& slot : alias_pool) {
     if (!slot.defined()) {
@@ -86,7 +86,7 @@ at::Tensor cpuAlias(const at::Tensor& neuron) {
   return alias;
 }
 
-at::Tensor cpuView(const at::Tensor& neuron) {
+at::Tensor hostViewHolding(const at::Tensor& neuron) {
   TORCH_CHECK(neuron.device().type() == kNeuron, "expected a neuron tensor, got one on ", neuron.device());
   const auto& storage = neuron.storage();
   // The CPU storage keeps the device storage alive for as long as it lives.
@@ -98,31 +98,36 @@ at::Tensor cpuView(const at::Tensor& neuron) {
   return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
 }
 
-c10::Storage copyStorage(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
+c10::Storage deviceStorageCopy(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-      cpu_storage->nbytes(), copyBuffer(cpu_storage, device), deviceAllocator(), /*resizable=*/true));
+      cpu_storage->nbytes(), copyHostBuffer(cpu_storage, device), deviceAllocator(), /*resizable=*/true));
 }
 
-at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like) {
+at::Tensor deviceTensorOver(c10::Storage storage, const at::Tensor& like) {
   return makeTensor(std::move(storage), c10::DispatchKey::PrivateUse1, like);
 }
 
-c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
+c10::Storage deviceStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
   const size_t nbytes = cpu_storage->nbytes();
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), nbytes, takeBuffer(cpu_storage, device),
+      c10::StorageImpl::use_byte_size_t(), nbytes, takeHostBuffer(cpu_storage, device),
       deviceAllocator(), /*resizable=*/true));
 }
 
-at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device) {
+at::Tensor deviceResult(at::Tensor cpu, c10::DeviceIndex device) {
+  if (!cpu.defined()) return cpu;
   TORCH_CHECK_NOT_IMPLEMENTED(cpu.layout() == c10::kStrided && !cpu.is_nested(),
       "tensors of layout ", cpu.layout(), " are not supported on neuron; only dense (torch.strided) "
       "tensors are. Convert with .to_dense() first.");
   auto* storage = cpu.storage().unsafeGetStorageImpl();
-  return wrapStorage(adoptStorage(storage, device), cpu);
+  if (cpu.use_count() == 1 && cpu.storage().use_count() == 1 && !c10::isQIntType(cpu.scalar_type())) {
+    c10::Storage device_storage = deviceStorage(storage, device);
+    return deviceTensorReusing(std::move(cpu), std::move(device_storage));
+  }
+  return deviceTensorOver(deviceStorage(storage, device), cpu);
 }
 
-at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage) {
+at::Tensor deviceTensorReusing(at::Tensor cpu, c10::Storage storage) {
   auto* impl = cpu.unsafeGetTensorImpl();
   const auto device = storage.device();
   impl->set_storage_keep_dtype(std::move(storage));
@@ -130,13 +135,13 @@ at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage) {
   return cpu;
 }
 
-void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias) {
+void updateFromHostView(const at::Tensor& neuron, const at::Tensor& alias) {
   auto* nstorage = neuron.storage().unsafeGetStorageImpl();
   auto* astorage = alias.storage().unsafeGetStorageImpl();
   if (astorage->data() != nstorage->data() || astorage->nbytes() != nstorage->nbytes()) {
     // The kernel resized the buffer (an out= argument, resize_ and the like).
     const size_t nbytes = astorage->nbytes();
-    nstorage->set_data_ptr_noswap(takeBuffer(astorage, neuron.device().index()));
+    nstorage->set_data_ptr_noswap(takeHostBuffer(astorage, neuron.device().index()));
     nstorage->set_nbytes(nbytes);
     // Other aliases may share this CPU storage: keep it pointing at the device buffer.
     astorage->set_data_ptr_noswap(c10::DataPtr(nstorage->mutable_data(), c10::Device(c10::kCPU)));

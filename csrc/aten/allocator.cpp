@@ -535,7 +535,7 @@ void deleteHostView(void* ptr) {
 // kernel's buffers (its results, its temporaries, oneDNN's scratchpads) are device blocks from
 // the caching allocator, seen as host memory; everything else goes to the allocator it wraps.
 // A result is then device memory already when the kernel returns, with no malloc, page faults
-// or copy: the storage only changes hands (takeBuffer). Blocks are handed out like the wrapped
+// or copy: the storage only changes hands (takeHostBuffer). Blocks are handed out like the wrapped
 // allocator's memory (context = address), so raw_allocate/raw_deallocate work on both.
 class CpuAllocator final : public c10::Allocator {
  public:
@@ -608,7 +608,7 @@ MemorySnapshot memorySnapshot() { return allocator().snapshot(); }
 
 void setOomSnapshotHook(OomSnapshotHook hook) { g_oom_hook.store(hook); }
 
-c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device) {
+c10::DataPtr deviceBlockFromHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device) {
   return allocator().adopt(std::move(host), nbytes, device);
 }
 

@@ -38,13 +38,13 @@ class Call {
  public:
   explicit Call(const c10::OperatorHandle& op) : op_(op) {}
 
-  at::Tensor toCpu(const at::Tensor& t, const c10::Argument& arg, bool written) {
+  at::Tensor hostArgument(const at::Tensor& t, const c10::Argument& arg, bool written) {
     if (!t.defined()) return t;
     nested_ = nested_ || t.is_nested();
     const auto device = t.device();
     if (device.type() == kNeuron && t.is_nested()) {
       noteDevice(device, arg);
-      aliases_.push_back(Alias{t, nestedCpuAlias(t), written});
+      aliases_.push_back(Alias{t, nestedHostView(t), written});
       return aliases_.back().cpu;
     }
     if (device.type() == kNeuron) {
@@ -59,11 +59,11 @@ class Call {
       at::Tensor alias;
       for (const auto& a : aliases_) {
         if (a.neuron.storage().unsafeGetStorageImpl() == storage) {
-          alias = cpuAliasSharing(t, a.cpu.storage());
+          alias = hostViewSharing(t, a.cpu.storage());
           break;
         }
       }
-      aliases_.push_back(Alias{t, alias.defined() ? std::move(alias) : cpuAlias(t), written});
+      aliases_.push_back(Alias{t, alias.defined() ? std::move(alias) : hostView(t), written});
       return aliases_.back().cpu;
     }
     // A CPU scalar may join a neuron op as an input, as with CUDA; never as an output.
@@ -82,7 +82,7 @@ class Call {
 
   void convertArguments(torch::jit::Stack* stack) {
     to_cpu_ = torchneuron::convertArguments(
-        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return toCpu(t, arg, written); },
+        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return hostArgument(t, arg, written); },
         [&](c10::Device device, const c10::Argument& arg) { noteDevice(device, arg); });
     if (device_ < 0) device_ = currentDevice();
     if (cpu_arg_ != nullptr && !aliases_.empty() && !acceptsCpuTensors(op_)) {
@@ -93,7 +93,7 @@ class Call {
 
   void reflectWrites() {
     for (const auto& a : aliases_)
-      if (a.written && !a.neuron.is_nested()) syncFromAlias(a.neuron, a.cpu);
+      if (a.written && !a.neuron.is_nested()) updateFromHostView(a.neuron, a.cpu);
   }
 
   // The device the op runs on.
@@ -108,12 +108,12 @@ class Call {
                    : c10::DispatchKeySet(c10::DispatchKey::CPU);
   }
 
-  at::Tensor toNeuron(at::Tensor out) {
+  at::Tensor deviceResult(at::Tensor out) {
     if (!out.defined() || !out.device().is_cpu()) return out;
     auto* impl = out.unsafeGetTensorImpl();
     for (const auto& a : aliases_)  // an in-place op returns its argument
       if (a.cpu.unsafeGetTensorImpl() == impl) return a.neuron;
-    if (out.is_nested()) return nestedToNeuron(std::move(out));
+    if (out.is_nested()) return nestedDeviceResult(std::move(out));
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
         op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
         ", which neuron does not support; only dense (torch.strided) tensors are.");
@@ -122,37 +122,37 @@ class Call {
         "); quantized tensors are not supported on neuron.");
     auto* storage = out.storage().unsafeGetStorageImpl();
     for (const auto& a : aliases_)  // a view of an argument
-      if (a.cpu.storage().unsafeGetStorageImpl() == storage) return wrapStorage(a.neuron.storage(), out);
+      if (a.cpu.storage().unsafeGetStorageImpl() == storage) return deviceTensorOver(a.neuron.storage(), out);
     for (const auto& [cpu_storage, neuron_storage] : adopted_)  // outputs sharing one buffer
-      if (cpu_storage == storage) return wrapStorage(neuron_storage, out);
+      if (cpu_storage == storage) return deviceTensorOver(neuron_storage, out);
     if (out.use_count() > 1 || out.storage().use_count() > 1 + shared_outputs_) {
       // Someone else holds this buffer: copy it, leave theirs alone.
-      return wrapStorage(copyStorage(storage, device_), out);
+      return deviceTensorOver(deviceStorageCopy(storage, device_), out);
     }
-    c10::Storage adopted = adoptStorage(storage, device_);
+    c10::Storage adopted = deviceStorage(storage, device_);
     adopted_.emplace_back(storage, adopted);
-    if (shared_outputs_ == 0) return moveToDevice(std::move(out), std::move(adopted));
-    return wrapStorage(std::move(adopted), out);
+    if (shared_outputs_ == 0) return deviceTensorReusing(std::move(out), std::move(adopted));
+    return deviceTensorOver(std::move(adopted), out);
   }
 
   void convertReturns(torch::jit::Stack* stack) {
     const size_t n = op_.schema().returns().size();
     if (n > 1) countSharedOutputs(stack, stack->size() - n);
-    convertResults(op_, stack, [&](at::Tensor t) { return toNeuron(std::move(t)); });
+    convertResults(op_, stack, [&](at::Tensor t) { return deviceResult(std::move(t)); });
   }
 
  private:
   // A CPU nested tensor over the memory of a neuron one (same nested sizes, strides and offsets).
-  static at::Tensor nestedCpuAlias(const at::Tensor& t) {
+  static at::Tensor nestedHostView(const at::Tensor& t) {
     const auto* nt = at::native::get_nested_tensor_impl(t);
     return at::detail::make_tensor<at::native::NestedTensorImpl>(
-        cpuAlias(nt->get_unsafe_storage_as_tensor()), nt->get_nested_sizes(), nt->get_nested_strides(),
+        hostView(nt->get_unsafe_storage_as_tensor()), nt->get_nested_sizes(), nt->get_nested_strides(),
         nt->get_storage_offsets());
   }
 
   // A nested CPU result as a neuron nested tensor: its buffer is an argument's (a view), or is
   // adopted (copied when someone else holds it). With an explicit device=cpu it stays on the CPU.
-  at::Tensor nestedToNeuron(at::Tensor out) {
+  at::Tensor nestedDeviceResult(at::Tensor out) {
     if (to_cpu_) return out;
     const auto* nt = at::native::get_nested_tensor_impl(out);
     auto* storage = out.storage().unsafeGetStorageImpl();
@@ -162,8 +162,8 @@ class Call {
     const bool exclusive = out.use_count() == 1 && out.storage().use_count() == 1;
     const at::Tensor like = nt->get_unsafe_storage_as_tensor();  // the whole buffer, 1-d
     if (!device_storage)
-      device_storage = exclusive ? adoptStorage(storage, device_) : copyStorage(storage, device_);
-    auto buffer = wrapStorage(std::move(device_storage), like);
+      device_storage = exclusive ? deviceStorage(storage, device_) : deviceStorageCopy(storage, device_);
+    auto buffer = deviceTensorOver(std::move(device_storage), like);
     return at::detail::make_tensor<at::native::NestedTensorImpl>(
         buffer, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
   }

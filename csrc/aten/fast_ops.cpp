@@ -64,29 +64,6 @@ class Scan {
   int cpu_position_ = 0;
 };
 
-at::Tensor onCpu(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kNeuron ? cpuAlias(t) : t;
-}
-
-std::optional<at::Tensor> onCpu(const std::optional<at::Tensor>& t) {
-  if (!t.has_value()) return t;
-  return onCpu(*t);
-}
-
-template <class T>
-const T& onCpu(const T& value) { return value; }
-
-// A fresh CPU result becomes a neuron tensor: its buffer is handed to the
-// device, its TensorImpl reused when nothing else holds it.
-at::Tensor toDevice(at::Tensor out, c10::DeviceIndex device) {
-  if (out.use_count() == 1 && out.layout() == c10::kStrided && out.storage().use_count() == 1 &&
-      !c10::isQIntType(out.scalar_type())) {
-    c10::Storage storage = adoptStorage(out.storage().unsafeGetStorageImpl(), device);
-    return moveToDevice(std::move(out), std::move(storage));
-  }
-  return adoptOutput(out, device);
-}
-
 // Runs Op's CPU kernel on already converted arguments, its buffers allocated on `device`.
 template <class Op, class... Args>
 decltype(auto) cpuKernel(c10::DeviceIndex device, Args&&... args) {
@@ -105,7 +82,7 @@ struct Fast<Op, at::Tensor(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    return toDevice(cpuKernel<Op>(device, onCpu(args)...), device);
+    return deviceResult(cpuKernel<Op>(device, hostArgument(args)...), device);
   }
 };
 
@@ -115,15 +92,15 @@ struct Fast<Op, at::Tensor(Args...)> {
 // alias when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
 class OutAlias {
  public:
-  explicit OutAlias(at::Tensor& out) : out_(out), alias_(cpuAlias(out)) {}
+  explicit OutAlias(at::Tensor& out) : out_(out), alias_(hostView(out)) {}
 
   at::Tensor& arg(at::Tensor&) { return alias_; }
   at::Tensor arg(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNeuron) return t;
     if (t.unsafeGetTensorImpl() == out_.unsafeGetTensorImpl()) return alias_;
     if (t.storage().unsafeGetStorageImpl() == out_.storage().unsafeGetStorageImpl())
-      return cpuAliasSharing(t, alias_.storage());
-    return cpuAlias(t);
+      return hostViewSharing(t, alias_.storage());
+    return hostView(t);
   }
   std::optional<at::Tensor> arg(const std::optional<at::Tensor>& t) {
     if (!t.has_value()) return t;
@@ -133,7 +110,7 @@ class OutAlias {
   const T& arg(const T& value) { return value; }
 
   at::Tensor& finish() {
-    syncFromAlias(out_, alias_);
+    updateFromHostView(out_, alias_);
     return out_;
   }
 
@@ -160,9 +137,9 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    auto outs = cpuKernel<Op>(device, onCpu(args)...);
+    auto outs = cpuKernel<Op>(device, hostArgument(args)...);
     return std::apply(
-        [&](auto&... t) { return std::tuple<Outs...>((t.defined() ? toDevice(std::move(t), device) : t)...); },
+        [&](auto&... t) { return std::tuple<Outs...>(deviceResult(std::move(t), device)...); },
         outs);
   }
 };

@@ -115,8 +115,6 @@ at::Tensor& setEmpty(at::Tensor& self) {
   return setStorage(self, std::move(storage), 0, {0}, {});
 }
 
-at::Tensor asCpu(const at::Tensor& t) { return t.device().type() == kNeuron ? cpuAlias(t) : t; }
-
 at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const bool from_device = self.device().type() == kNeuron;
   const bool to_device = dst.device().type() == kNeuron;
@@ -136,10 +134,10 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
   // Copies complete before returning, so non_blocking changes nothing here.
   // Source and destination on one device storage share one CPU storage, so
   // that PyTorch's overlap checks see them as the CPU would.
-  at::Tensor cpu_dst = asCpu(dst);
+  at::Tensor cpu_dst = hostArgument(dst);
   at::Tensor cpu_src = from_device && to_device && self.storage().is_alias_of(dst.storage())
-                           ? cpuAliasSharing(self, cpu_dst.storage())
-                           : asCpu(self);
+                           ? hostViewSharing(self, cpu_dst.storage())
+                           : hostArgument(self);
   // A copy is work of the device's current stream (the source's, between devices), named as
   // CUDA's profiler names its copies.
   const char* name = from_device && to_device ? "Memcpy DtoD (Device -> Device)"
@@ -160,7 +158,7 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
 c10::Scalar localScalarDense(const at::Tensor& self) {
   transferStats().scalar_reads++;
   return launch(self.device().index(), {rt::ActivityKind::Memcpy, "Memcpy DtoH (Device -> Pageable)", self.itemsize()},
-                [&] { return at::_local_scalar_dense(cpuAlias(self)); });
+                [&] { return at::_local_scalar_dense(hostView(self)); });
 }
 
 void recordStream(at::Tensor&, c10::Stream) {}

@@ -25,7 +25,7 @@ namespace torchneuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
 
-// ---- devices (guard.cpp) ---------------------------------------------------
+// ---- devices (guard.cpp; failDeviceMismatch in fallback.cpp) ----------------
 c10::DeviceIndex deviceCount();
 c10::DeviceIndex currentDevice();
 void setDevice(c10::DeviceIndex index);      // raises on a bad index
@@ -94,12 +94,11 @@ struct Launched<Name, Fn> {
 };
 
 // ---- memory (allocator.cpp) ----------------------------------------------
-class NeuronAllocator;
 c10::DeviceAllocator* deviceAllocator();
 // Hands a host buffer that a CPU kernel produced over to a device, without a
 // copy: the bytes are charged to the device (raising OutOfMemoryError when it
 // is full) and released when the returned DataPtr dies.
-c10::DataPtr adoptHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device);
+c10::DataPtr deviceBlockFromHostBuffer(c10::DataPtr host, size_t nbytes, c10::DeviceIndex device);
 // Allocates device memory on a given device (not the current one).
 c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes);
 // An allocator that always allocates on `device`.
@@ -185,34 +184,52 @@ PhiloxDraw reservePhilox(const std::optional<at::Generator>& gen, c10::DeviceInd
 at::Generator cpuGeneratorFor(const std::optional<at::Generator>& gen, c10::DeviceIndex device);
 
 // ---- the zero-copy path (alias.cpp) --------------------------------------
-// A CPU tensor viewing the memory of a neuron tensor: same sizes, strides,
-// offset, dtype, conj/neg bits. The neuron tensor must outlive it.
-at::Tensor cpuAlias(const at::Tensor& neuron);
-// A CPU alias over an existing alias's storage, for a second tensor on the
-// same device storage: one op's arguments that share memory on the device
-// share it on the CPU too, so PyTorch's overlap checks see it.
-at::Tensor cpuAliasSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage);
-// The same for code outside a kernel (collectives, compiled graphs): the CPU
-// tensor keeps the device memory alive and cannot be resized.
-at::Tensor cpuView(const at::Tensor& neuron);
-// A neuron tensor for a CPU kernel's output, taking over its buffer (or
-// copying it when the buffer is not the kernel's to give).
-at::Tensor adoptOutput(const at::Tensor& cpu, c10::DeviceIndex device);
-// The same, one step at a time: a device storage made from a CPU storage's
-// buffer, and a neuron tensor over a storage with the metadata of `like`.
-c10::Storage adoptStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
-at::Tensor wrapStorage(c10::Storage storage, const at::Tensor& like);
-// A device storage holding a copy of a CPU storage's bytes (for buffers that are not ours to take).
-c10::Storage copyStorage(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device);
-// Turns a CPU tensor that nothing else references into a neuron tensor over
-// `storage` (same sizes, strides and offset), reusing its TensorImpl.
-at::Tensor moveToDevice(at::Tensor cpu, c10::Storage storage);
-// Makes `neuron` reflect what a kernel did to its alias: new sizes, strides,
-// offset, or a new buffer after a resize.
-void syncFromAlias(const at::Tensor& neuron, const at::Tensor& alias);
+// Two ideas, one name each (docs/runtime.md, "The zero-copy path"):
+//
+// A host view is a CPU tensor over a neuron tensor's device memory (same sizes, strides, offset,
+// dtype, conj/neg bits): what a CPU kernel runs on inside a launch.
+//
+// A device result is a neuron tensor made from what a CPU kernel returned: its buffer is taken
+// over when it is device memory already or the kernel's alone to give, else copied.
 
+// The host view of `neuron`, which must outlive it. Valid inside a launch (kernel, copy).
+at::Tensor hostView(const at::Tensor& neuron);
+// A host view over an existing host view's storage, for a second tensor on the same device
+// storage: one op's arguments that share memory on the device share it on the CPU too, so
+// PyTorch's overlap checks see it.
+at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& host_storage);
+// A host view that holds the device memory alive and cannot be resized, for work that keeps it
+// past the call that made it (a collective in flight, inside its access window).
+at::Tensor hostViewHolding(const at::Tensor& neuron);
+// An argument as a CPU kernel takes it: the host view of a neuron tensor, anything else as it is.
+inline at::Tensor hostArgument(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron ? hostView(t) : t;
+}
+inline std::optional<at::Tensor> hostArgument(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(hostArgument(*t)) : t;
+}
+template <class T>
+const T& hostArgument(const T& value) { return value; }
+
+// The device result of a dense CPU tensor on `device` (an undefined tensor stays undefined).
+// When nothing else refers to `cpu`, its TensorImpl is reused.
+at::Tensor deviceResult(at::Tensor cpu, c10::DeviceIndex device);
+// The same, one step at a time: a device storage from a CPU storage's buffer (taken, or copied
+// when it is not the kernel's to give), one holding a copy, and a neuron tensor over a device
+// storage with the metadata of `like`.
+c10::Storage deviceStorage(c10::StorageImpl* host_storage, c10::DeviceIndex device);
+c10::Storage deviceStorageCopy(const c10::StorageImpl* host_storage, c10::DeviceIndex device);
+at::Tensor deviceTensorOver(c10::Storage storage, const at::Tensor& like);
+// Turns a CPU tensor that nothing else references into a neuron tensor over `storage` (same
+// sizes, strides and offset), reusing its TensorImpl.
+at::Tensor deviceTensorReusing(at::Tensor cpu, c10::Storage storage);
+// Makes `neuron` reflect what a kernel did to its host view: new sizes, strides, offset, or a new
+// buffer after a resize.
+void updateFromHostView(const at::Tensor& neuron, const at::Tensor& view);
+
+// ---- registration of the fallbacks (fallback.cpp, sparse.cpp) --------------
 // Registers the fallback for ops that have a CPU kernel besides a generic
-// one, so they run the CPU's kernel. Called once, after all registrations.
+// one, so they run the CPU's kernel. Called once, after all registrations. (fallback.cpp)
 void preferCpuKernels();
 // The same for sparse tensors (sparse.cpp): ops with a CPU sparse kernel run it on the device's
 // sparse tensors, also where PyTorch has a generic kernel that expects a dense tensor.

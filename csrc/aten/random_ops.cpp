@@ -175,7 +175,7 @@ c10::DeviceIndex deviceOf(const at::Tensor& t) { return t.device().index(); }
 // memory when self is contiguous and of type scalar_t, else into a buffer copied over.
 template <typename scalar_t, typename Fill>
 void produce(const at::Tensor& self, const Fill& fill) {
-  auto out = cpuAlias(self);
+  auto out = hostView(self);
   if (out.is_contiguous() && out.scalar_type() == c10::CppTypeToScalarType<scalar_t>::value) {
     fill(out.template data_ptr<scalar_t>());
     return;
@@ -418,7 +418,7 @@ at::Tensor& bernoulliScalar(at::Tensor& self, double p, std::optional<at::Genera
 }
 
 at::Tensor& bernoulliTensor(at::Tensor& self, const at::Tensor& p, std::optional<at::Generator> gen) {
-  const auto probabilities = p.device().type() == kNeuron ? cpuAlias(p) : p;
+  const auto probabilities = p.device().type() == kNeuron ? hostView(p) : p;
   if (probabilities.numel() > 0) {
     const auto [low_t, high_t] = at::aminmax(probabilities.to(at::kDouble));
     const double low = low_t.item<double>(), high = high_t.item<double>();
@@ -427,7 +427,7 @@ at::Tensor& bernoulliTensor(at::Tensor& self, const at::Tensor& p, std::optional
   }
   auto uniforms = at::empty(self.sizes(), self.options().dtype(at::kFloat));
   elementwise<float>(uniforms, gen, false, [](uint32_t a, uint32_t) { return uniformFloat(a); });
-  cpuAlias(self).copy_(at::lt(cpuAlias(uniforms), probabilities.expand(self.sizes())));
+  hostView(self).copy_(at::lt(hostView(uniforms), probabilities.expand(self.sizes())));
   return self;
 }
 
@@ -531,7 +531,7 @@ at::Tensor& randperm(int64_t n, std::optional<at::Generator> gen, at::Tensor& ou
       }
     }
   }
-  cpuAlias(out).copy_(perm);
+  hostView(out).copy_(perm);
   return out;
 }
 
@@ -551,7 +551,7 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input, double
     return {input.mul(mask).mul_(scale), mask};
   }
   auto output = at::empty(input.sizes(), input.options());
-  const auto x = cpuAlias(input), y = cpuAlias(output), m = cpuAlias(mask);
+  const auto x = hostView(input), y = hostView(output), m = hostView(mask);
   const float* xs = x.data_ptr<float>();
   float* ys = y.data_ptr<float>();
   bool* ms = m.data_ptr<bool>();

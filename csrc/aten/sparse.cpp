@@ -176,7 +176,7 @@ class SparseCall {
 
   void convertArguments(torch::jit::Stack* stack) {
     torchneuron::convertArguments(
-        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return toCpu(t, arg, written); },
+        op_, stack, [&](const at::Tensor& t, const c10::Argument& arg, bool written) { return hostArgument(t, arg, written); },
         [&](c10::Device device, const c10::Argument& arg) { noteDevice(device, arg); });
     if (device_ < 0) device_ = currentDevice();
     if (cpu_arg_ != nullptr && (!dense_.empty() || !sparse_.empty()))
@@ -201,7 +201,7 @@ class SparseCall {
 
   void reflectWrites() {
     for (const auto& d : dense_)
-      if (d.written) syncFromAlias(d.neuron, d.cpu);
+      if (d.written) updateFromHostView(d.neuron, d.cpu);
     for (const auto& s : sparse_) {
       if (!s.written) continue;
       c10::DeviceGuard guard(s.neuron.device());
@@ -209,8 +209,8 @@ class SparseCall {
         const auto* cpu = cooImpl(s.cpu);
         auto* neuron = cooImpl(s.neuron);
         // The CPU tensor holds its parts besides us: it is dropped after the op.
-        auto indices = denseToNeuron(cpu->indices(), 2);
-        auto values = denseToNeuron(cpu->values(), 2);
+        auto indices = denseDeviceResult(cpu->indices(), 2);
+        auto values = denseDeviceResult(cpu->values(), 2);
         neuron->raw_resize_(cpu->sparse_dim(), cpu->dense_dim(), s.cpu.sizes());
         neuron->set_indices_and_values_unsafe(indices, values);
         neuron->set_coalesced(cpu->coalesced());
@@ -218,15 +218,15 @@ class SparseCall {
         const auto* cpu = compressedImpl(s.cpu);
         auto* neuron = compressedImpl(s.neuron);
         neuron->set_layout(s.cpu.layout());
-        neuron->set_member_tensors(denseToNeuron(cpu->compressed_indices(), 2),
-                                   denseToNeuron(cpu->plain_indices(), 2), denseToNeuron(cpu->values(), 2),
+        neuron->set_member_tensors(denseDeviceResult(cpu->compressed_indices(), 2),
+                                   denseDeviceResult(cpu->plain_indices(), 2), denseDeviceResult(cpu->values(), 2),
                                    s.cpu.sizes());
       }
     }
   }
 
   void convertReturns(torch::jit::Stack* stack) {
-    convertResults(op_, stack, [&](at::Tensor t) { return toNeuron(std::move(t)); });
+    convertResults(op_, stack, [&](at::Tensor t) { return deviceResult(std::move(t)); });
   }
 
  private:
@@ -247,7 +247,7 @@ class SparseCall {
       failDeviceMismatch(device_, "neuron:" + std::to_string(index), arg.name(), op_.schema().operator_name());
   }
 
-  at::Tensor toCpu(const at::Tensor& t, const c10::Argument& arg, bool written) {
+  at::Tensor hostArgument(const at::Tensor& t, const c10::Argument& arg, bool written) {
     if (!t.defined()) return t;
     if (t.device().type() != kNeuron) {
       // A CPU scalar may join a neuron op as an input, as with CUDA; never as an output.
@@ -289,7 +289,7 @@ class SparseCall {
       // Some CPU sparse kernels keep what the backward pass needs only for inputs that require
       // gradients (sparse.mm's amax and amin reductions): the alias says so too. It is a tensor of
       // its own, never one of the pooled aliases.
-      cpu = cpuAliasSharing(t, cpu.storage());
+      cpu = hostViewSharing(t, cpu.storage());
       cpu.unsafeGetTensorImpl()->set_requires_grad(true);
       for (auto& d : dense_)
         if (d.neuron.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) d.cpu = cpu;
@@ -307,16 +307,16 @@ class SparseCall {
     at::Tensor cpu;
     for (const auto& d : dense_) {  // tensors sharing device memory share it on the CPU too
       if (d.neuron.storage().is_alias_of(t.storage())) {
-        cpu = cpuAliasSharing(t, d.cpu.storage());
+        cpu = hostViewSharing(t, d.cpu.storage());
         break;
       }
     }
-    if (!cpu.defined()) cpu = cpuAlias(t);
+    if (!cpu.defined()) cpu = hostView(t);
     dense_.push_back(Alias{t, cpu, written});
     return cpu;
   }
 
-  at::Tensor toNeuron(at::Tensor out) {
+  at::Tensor deviceResult(at::Tensor out) {
     if (!out.defined() || !out.device().is_cpu()) return out;
     for (const auto& s : sparse_)  // an in-place op returns its argument
       if (s.cpu.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) return s.neuron;
@@ -328,8 +328,8 @@ class SparseCall {
       const std::vector<int64_t> sizes(out.sizes().begin(), out.sizes().end());
       at::Tensor indices = impl->indices(), values = impl->values();
       out = at::Tensor();  // its parts may now be ours alone, to take over without a copy
-      auto neuron_indices = denseToNeuron(std::move(indices));
-      auto neuron_values = denseToNeuron(std::move(values));
+      auto neuron_indices = denseDeviceResult(std::move(indices));
+      auto neuron_values = denseDeviceResult(std::move(values));
       return assembleCoo(DispatchKey::SparsePrivateUse1, dtype, sparse_dim, dense_dim, sizes, neuron_indices,
                          neuron_values, coalesced);
     }
@@ -340,32 +340,32 @@ class SparseCall {
       const std::vector<int64_t> sizes(out.sizes().begin(), out.sizes().end());
       at::Tensor compressed = impl->compressed_indices(), plain = impl->plain_indices(), values = impl->values();
       out = at::Tensor();
-      auto neuron_compressed = denseToNeuron(std::move(compressed));
-      auto neuron_plain = denseToNeuron(std::move(plain));
-      auto neuron_values = denseToNeuron(std::move(values));
+      auto neuron_compressed = denseDeviceResult(std::move(compressed));
+      auto neuron_plain = denseDeviceResult(std::move(plain));
+      auto neuron_values = denseDeviceResult(std::move(values));
       return assembleCompressed(DispatchKey::SparseCsrPrivateUse1, c10::Device(kNeuron, device_), layout, dtype,
                                 neuron_compressed, neuron_plain, neuron_values, sizes);
     }
-    return denseToNeuron(std::move(out));
+    return denseDeviceResult(std::move(out));
   }
 
   // A dense CPU result (or part of a sparse one) as a neuron tensor: an argument itself, a view of
   // one, or a buffer taken over (copied when someone else holds it). `ours` counts the references
   // to `out` that go away with the op.
-  at::Tensor denseToNeuron(at::Tensor out, long ours = 1) {
+  at::Tensor denseDeviceResult(at::Tensor out, long ours = 1) {
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided && !out.is_nested(), op_.schema().operator_name(),
         " produced a tensor of layout ", out.layout(), ", which neuron does not support");
     for (const auto& d : dense_)
       if (d.cpu.unsafeGetTensorImpl() == out.unsafeGetTensorImpl()) return d.neuron;
     auto* storage = out.storage().unsafeGetStorageImpl();
     for (const auto& d : dense_)
-      if (d.cpu.storage().unsafeGetStorageImpl() == storage) return wrapStorage(d.neuron.storage(), out);
+      if (d.cpu.storage().unsafeGetStorageImpl() == storage) return deviceTensorOver(d.neuron.storage(), out);
     for (const auto& [cpu_storage, neuron_storage] : adopted_)
-      if (cpu_storage == storage) return wrapStorage(neuron_storage, out);
-    if (out.use_count() > ours || out.storage().use_count() > 1) return wrapStorage(copyStorage(storage, device_), out);
-    c10::Storage adopted = adoptStorage(storage, device_);
+      if (cpu_storage == storage) return deviceTensorOver(neuron_storage, out);
+    if (out.use_count() > ours || out.storage().use_count() > 1) return deviceTensorOver(deviceStorageCopy(storage, device_), out);
+    c10::Storage adopted = deviceStorage(storage, device_);
     adopted_.emplace_back(storage, adopted);
-    return wrapStorage(std::move(adopted), out);
+    return deviceTensorOver(std::move(adopted), out);
   }
 
   const c10::OperatorHandle& op_;

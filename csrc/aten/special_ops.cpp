@@ -16,11 +16,6 @@ namespace {
 
 c10::DeviceIndex deviceOf(const at::Tensor& t) { return t.device().index(); }
 
-at::Tensor onCpu(const at::Tensor& t) { return t.defined() ? cpuAlias(t) : t; }
-
-at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
-  return cpu.defined() ? adoptOutput(cpu, device) : cpu;
-}
 
 // A convolution result (or gradient) computed on the CPU, as a neuron tensor in the memory format
 // PyTorch expects of it on this device: the one it derives for the Overrideable backend, which is
@@ -29,7 +24,7 @@ at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex device) {
 // A copy of `values` (a CPU tensor) in device memory of `device` from the caching allocator, laid out in `format`.
 at::Tensor copyInFormat(const at::Tensor& values, c10::Device device, at::MemoryFormat format) {
   auto out = at::empty(values.sizes(), values.options().device(device).memory_format(format));
-  cpuAlias(out).copy_(values);
+  hostView(out).copy_(values);
   return out;
 }
 
@@ -38,14 +33,14 @@ at::Tensor copyInFormat(const at::Tensor& values, c10::Device device, at::Memory
 // hold its device tensor).
 at::Tensor channelsLastOnDevice(const at::Tensor& t) {
   const auto kChannelsLast = at::MemoryFormat::ChannelsLast;
-  return t.is_contiguous(kChannelsLast) ? t : copyInFormat(cpuAlias(t), t.device(), kChannelsLast);
+  return t.is_contiguous(kChannelsLast) ? t : copyInFormat(hostView(t), t.device(), kChannelsLast);
 }
 
-at::Tensor adoptInConvFormat(const at::Tensor& t, const at::Tensor& input, const at::Tensor& weight) {
-  if (!t.defined() || t.dim() != 4 && t.dim() != 5) return adopt(t, deviceOf(input));
+at::Tensor deviceResultInConvFormat(const at::Tensor& t, const at::Tensor& input, const at::Tensor& weight) {
+  if (!t.defined() || t.dim() != 4 && t.dim() != 5) return deviceResult(t, deviceOf(input));
   const auto format =
       at::native::_determine_backend_memory_format(input, weight, at::native::ConvBackend::Overrideable);
-  return t.is_contiguous(format) ? adopt(t, deviceOf(input)) : copyInFormat(t, input.device(), format);
+  return t.is_contiguous(format) ? deviceResult(t, deviceOf(input)) : copyInFormat(t, input.device(), format);
 }
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -54,10 +49,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        c10::IntArrayRef output_padding, int64_t groups) {
   DeviceOutputScope scope(deviceOf(input));
   std::optional<at::Tensor> cpu_bias;
-  if (bias && bias->defined()) cpu_bias = onCpu(*bias);
-  auto out = at::convolution(onCpu(input), onCpu(weight), cpu_bias, stride, padding, dilation,
+  if (bias && bias->defined()) cpu_bias = hostArgument(*bias);
+  auto out = at::convolution(hostArgument(input), hostArgument(weight), cpu_bias, stride, padding, dilation,
                              transposed, output_padding, groups);
-  return adoptInConvFormat(out, input, weight);
+  return deviceResultInConvFormat(out, input, weight);
 }
 
 // torchneuron::convolution_channels_last: aten::convolution computed and returned in the
@@ -76,10 +71,10 @@ at::Tensor convolutionChannelsLast(const at::Tensor& input, const at::Tensor& we
   const auto d = deviceOf(input);
   DeviceOutputScope scope(d);
   std::optional<at::Tensor> cpu_bias;
-  if (bias && bias->defined()) cpu_bias = onCpu(*bias);
-  auto out = at::convolution(onCpu(x), onCpu(w), cpu_bias, stride, padding, dilation, transposed,
+  if (bias && bias->defined()) cpu_bias = hostArgument(*bias);
+  auto out = at::convolution(hostArgument(x), hostArgument(w), cpu_bias, stride, padding, dilation, transposed,
                              output_padding, groups);
-  return adopt(out.contiguous(at::MemoryFormat::ChannelsLast), d);
+  return deviceResult(out.contiguous(at::MemoryFormat::ChannelsLast), d);
 }
 
 // torchneuron::convolution_backward_channels_last: the gradients of convolution_channels_last,
@@ -97,11 +92,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardChannelsLast(
                    w = channelsLastOnDevice(weight);
   const auto d = deviceOf(input);
   DeviceOutputScope scope(d);
-  auto [gi, gw, gb] = at::convolution_backward(onCpu(go), onCpu(x), onCpu(w), bias_sizes, stride, padding,
+  auto [gi, gw, gb] = at::convolution_backward(hostArgument(go), hostArgument(x), hostArgument(w), bias_sizes, stride, padding,
                                                dilation, transposed, output_padding, groups, output_mask);
   auto result = [&](const at::Tensor& g, bool channels_last) {
     if (!g.defined()) return at::empty({0}, grad_output.options());
-    return adopt(channels_last ? g.contiguous(at::MemoryFormat::ChannelsLast) : g, d);
+    return deviceResult(channels_last ? g.contiguous(at::MemoryFormat::ChannelsLast) : g, d);
   };
   return {result(gi, true), result(gw, true), result(gb, false)};
 }
@@ -114,37 +109,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   const auto d = deviceOf(input);
   DeviceOutputScope scope(d);
   auto [gi, gw, gb] = at::convolution_backward(
-      onCpu(grad_output), onCpu(input), onCpu(weight), c10::IntArrayRef{out_channels}, stride,
+      hostArgument(grad_output), hostArgument(input), hostArgument(weight), c10::IntArrayRef{out_channels}, stride,
       padding, dilation, transposed, output_padding, groups, output_mask);
-  return {adoptInConvFormat(gi, input, weight), adoptInConvFormat(gw, input, weight), adopt(gb, d)};
+  return {deviceResultInConvFormat(gi, input, weight), deviceResultInConvFormat(gw, input, weight), deviceResult(gb, d)};
 }
 
 // LSTM cell: gates = input_gates + hidden_gates (+ biases), in the order i, f, g, o.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedLstmCell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  at::Tensor gates = onCpu(input_gates) + onCpu(hidden_gates);
-  if (input_bias && input_bias->defined()) gates = gates + onCpu(*input_bias);
-  if (hidden_bias && hidden_bias->defined()) gates = gates + onCpu(*hidden_bias);
+  at::Tensor gates = hostArgument(input_gates) + hostArgument(hidden_gates);
+  if (input_bias && input_bias->defined()) gates = gates + hostArgument(*input_bias);
+  if (hidden_bias && hidden_bias->defined()) gates = gates + hostArgument(*hidden_bias);
   auto chunks = gates.chunk(4, 1);
   auto i = chunks[0].sigmoid(), f = chunks[1].sigmoid(), g = chunks[2].tanh(), o = chunks[3].sigmoid();
-  auto cy = f * onCpu(cx) + i * g;
+  auto cy = f * hostArgument(cx) + i * g;
   auto hy = o * cy.tanh();
   auto workspace = at::cat({i, f, g, o}, 1);
   const auto d = deviceOf(cx);
-  return {adopt(hy, d), adopt(cy, d), adopt(workspace, d)};
+  return {deviceResult(hy, d), deviceResult(cy, d), deviceResult(workspace, d)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedLstmCellBackward(
     const std::optional<at::Tensor>& grad_hy_opt, const std::optional<at::Tensor>& grad_cy_opt,
     const at::Tensor& cx, const at::Tensor& cy, const at::Tensor& workspace, bool has_bias) {
-  auto ws = onCpu(workspace).chunk(4, 1);
+  auto ws = hostArgument(workspace).chunk(4, 1);
   auto i = ws[0], f = ws[1], g = ws[2], o = ws[3];
-  auto c_cx = onCpu(cx), c_cy = onCpu(cy);
+  auto c_cx = hostArgument(cx), c_cy = hostArgument(cy);
   auto tanh_cy = c_cy.tanh();
-  at::Tensor grad_hy = grad_hy_opt && grad_hy_opt->defined() ? onCpu(*grad_hy_opt) : at::zeros_like(c_cy);
+  at::Tensor grad_hy = grad_hy_opt && grad_hy_opt->defined() ? hostArgument(*grad_hy_opt) : at::zeros_like(c_cy);
   at::Tensor gcy = grad_hy * o * (1 - tanh_cy * tanh_cy);
-  if (grad_cy_opt && grad_cy_opt->defined()) gcy = gcy + onCpu(*grad_cy_opt);
+  if (grad_cy_opt && grad_cy_opt->defined()) gcy = gcy + hostArgument(*grad_cy_opt);
   auto gi = gcy * g * i * (1 - i);
   auto gf = gcy * c_cx * f * (1 - f);
   auto gg = gcy * i * (1 - g * g);
@@ -153,32 +148,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedLstmCellBackward(
   auto grad_cx = gcy * f;
   at::Tensor grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();
   const auto d = deviceOf(cx);
-  return {adopt(grad_gates, d), adopt(grad_cx, d), adopt(grad_bias, d)};
+  return {deviceResult(grad_gates, d), deviceResult(grad_cx, d), deviceResult(grad_bias, d)};
 }
 
 // GRU cell, gates in the order r, z, n; the workspace keeps r, z, n, hidden n, hx.
 std::tuple<at::Tensor, at::Tensor> fusedGruCell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& hx,
     const std::optional<at::Tensor>& input_bias, const std::optional<at::Tensor>& hidden_bias) {
-  at::Tensor ig = onCpu(input_gates), hg = onCpu(hidden_gates);
-  if (input_bias && input_bias->defined()) ig = ig + onCpu(*input_bias);
-  if (hidden_bias && hidden_bias->defined()) hg = hg + onCpu(*hidden_bias);
+  at::Tensor ig = hostArgument(input_gates), hg = hostArgument(hidden_gates);
+  if (input_bias && input_bias->defined()) ig = ig + hostArgument(*input_bias);
+  if (hidden_bias && hidden_bias->defined()) hg = hg + hostArgument(*hidden_bias);
   auto ic = ig.chunk(3, 1), hc = hg.chunk(3, 1);
   auto r = (ic[0] + hc[0]).sigmoid();
   auto z = (ic[1] + hc[1]).sigmoid();
   auto n = (ic[2] + r * hc[2]).tanh();
-  auto c_hx = onCpu(hx);
+  auto c_hx = hostArgument(hx);
   auto hy = n + z * (c_hx - n);
   auto workspace = at::cat({r, z, n, hc[2], c_hx}, 1);
   const auto d = deviceOf(hx);
-  return {adopt(hy, d), adopt(workspace, d)};
+  return {deviceResult(hy, d), deviceResult(workspace, d)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedGruCellBackward(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
-  auto ws = onCpu(workspace).chunk(5, 1);
+  auto ws = hostArgument(workspace).chunk(5, 1);
   auto r = ws[0], z = ws[1], n = ws[2], hn = ws[3], hx = ws[4];
-  auto gh = onCpu(grad_hy);
+  auto gh = hostArgument(grad_hy);
   auto grad_hx = gh * z;
   auto gn = gh * (1 - z) * (1 - n * n);
   auto gz = gh * (hx - n) * z * (1 - z);
@@ -188,8 +183,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedGruC
   at::Tensor gib = has_bias ? grad_input_gates.sum(0) : at::Tensor();
   at::Tensor ghb = has_bias ? grad_hidden_gates.sum(0) : at::Tensor();
   const auto d = deviceOf(workspace);
-  return {adopt(grad_input_gates, d), adopt(grad_hidden_gates, d), adopt(grad_hx, d),
-          adopt(gib, d), adopt(ghb, d)};
+  return {deviceResult(grad_input_gates, d), deviceResult(grad_hidden_gates, d), deviceResult(grad_hx, d),
+          deviceResult(gib, d), deviceResult(ghb, d)};
 }
 
 // scaled_dot_product_attention asks each device which fused kernel to use;

@@ -64,7 +64,7 @@ class Call {
       rt::deviceSynchronize(index);
       synced_ = index;
     }
-    return cpuView(t);
+    return hostViewHolding(t);
   }
 
   std::vector<at::Tensor> host(at::TensorList tensors) {
