@@ -366,7 +366,8 @@ class _Sanitizer:
             state.users.pop(ptr, None)
             state.recorded.pop(ptr, None)
             state.tensors_accessed.accesses.pop(ptr, None)
-            state.alloc_stream[ptr] = streams.stream_key(torch.accelerator.current_stream())
+            device = torch.device("neuron", torch.neuron.current_device())  # the accelerator may be another
+            state.alloc_stream[ptr] = streams.stream_key(torch.accelerator.current_stream(device))
 
     def _deallocation(self, ptr: int) -> None:
         if sys.is_finalizing():  # the interpreter frees what is left: nothing runs after that
