@@ -411,3 +411,17 @@ def test_cli_projects_a_fake_llama_from_the_workloads_module(capsys):
     assert "fake/meta tensors" in text and "given by the user" in text and "trn2.48xlarge $40.00" in text
     line = next(l for l in text.splitlines() if l.startswith("trn2.48xlarge"))
     assert "40.00*" in line and "fits" in line
+
+
+def test_steps_declare_seconds_of_audio_and_the_report_prices_an_hour_of_it():
+    model = nn.Linear(80, 80).to("neuron")
+    with projection.count() as p:
+        for _ in range(3):
+            model(torch.randn(4, 80, device="neuron")).sum().backward()
+            p.step(samples=4, audio_s=4 * 30.0)
+    report = p.project(["trn1.32xlarge"], compare=["g5.xlarge"])
+    for row in report.rows:
+        assert row["audio_s_per_step"] == 120.0
+        assert row["audio_hours_per_hour"] == pytest.approx(120.0 / row["step_s"])
+        assert row["usd_per_audio_hour"] == pytest.approx(row["usd_per_step"] * 3600.0 / 120.0)
+    assert "per hour of audio" in report.format() and "120 s of audio" in report.format()

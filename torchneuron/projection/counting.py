@@ -149,6 +149,7 @@ class StepCounts:
     ops: List[OpRecord] = field(default_factory=list)
     tokens: int = 0
     samples: int = 0
+    audio_s: float = 0.0
     start_bytes: int = 0
     peak_bytes: int = 0
     forward_peak_bytes: int = 0
@@ -348,8 +349,9 @@ class CountingMode(TorchDispatchMode):
         """The step being recorded."""
         return self.steps[-1]
 
-    def mark_step(self, tokens: int = 0, samples: int = 0) -> None:
-        """Close the current step, crediting it with ``tokens`` and ``samples``; open the next.
+    def mark_step(self, tokens: int = 0, samples: int = 0, audio_s: float = 0.0) -> None:
+        """Close the current step, crediting it with ``tokens``, ``samples`` and ``audio_s`` seconds
+        of audio; open the next.
 
         Until the first call, each ``Optimizer.step`` closes a step by itself (``auto_steps``).
         """
@@ -359,6 +361,7 @@ class CountingMode(TorchDispatchMode):
             self.steps.pop()
         self.marked = True
         self._close_step(tokens, samples)
+        self.steps[-2].audio_s += audio_s
         if self._watch is not None and not self._dispatching and not self._switched and len(self.steps) > 2:
             # Only here, where the program marks a step itself: a profiler session must not end
             # inside a profiled scope, as it would inside Optimizer.step's hooks. And only once two
@@ -777,6 +780,7 @@ def summarize(steps: List[StepCounts]) -> Dict[str, Any]:
         "ops": sum(len(s.ops) for s in steps) / len(steps),
         "tokens": sum(s.tokens for s in steps) / len(steps),
         "samples": sum(s.samples for s in steps) / len(steps),
+        "audio_s": sum(s.audio_s for s in steps) / len(steps),
         "peak_bytes": max(s.peak_bytes for s in steps),
         "activation_bytes": max(s.forward_peak_bytes - s.start_bytes for s in steps),
         "by_class": dict(per_class),

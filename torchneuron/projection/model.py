@@ -377,6 +377,7 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
             logger.warning("projection: dp=%d without a parameter count; gradient all-reduce not modelled", par.dp)
     tokens = sum(s.tokens for s in steps) / nsteps
     samples = sum(s.samples for s in steps) / nsteps
+    audio_s = sum(s.audio_s for s in steps) / nsteps
     # Tensor parallel: Megatron's 2 all-reduces per layer forward and 2 backward, of the activations.
     training = any(op.phase == "optimizer" for s in steps for op in s.ops)
     if par.tp > 1:
@@ -428,6 +429,7 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         "matmul_flops_per_step": train_flops,
         "tokens_per_step": tokens * m * par.dp,
         "samples_per_step": samples * m * par.dp,
+        "audio_s_per_step": audio_s * m * par.dp,
         "dtype": dtype,
         "memory": {"per_device_bytes": memory, "capacity_bytes": target.hbm_bytes, "weights": weights,
                    "gradients": grads, "optimizer": opt, "activations": activations,

@@ -40,13 +40,14 @@ ASSUMPTIONS = [
 _active: List["Projection"] = []
 
 
-def mark_step(tokens: int = 0, samples: int = 0) -> None:
-    """End a step of the program being counted, crediting it with ``tokens`` and ``samples``.
+def mark_step(tokens: int = 0, samples: int = 0, audio_s: float = 0.0) -> None:
+    """End a step of the program being counted, crediting it with ``tokens``, ``samples`` and
+    ``audio_s`` seconds of audio (for speech models: cost per hour of audio).
 
     A no-op when nothing is counting, so a script can call it unconditionally.
     """
     if _active:
-        _active[-1].counter.mark_step(tokens=tokens, samples=samples)
+        _active[-1].counter.mark_step(tokens=tokens, samples=samples, audio_s=audio_s)
 
 
 def declare(model: Optional[torch.nn.Module] = None, layers: int = 0, hidden: int = 0, params: int = 0,
@@ -77,9 +78,9 @@ class Projection:
     wall_s: float = 0.0
     stopped: str = ""
 
-    def step(self, tokens: int = 0, samples: int = 0) -> None:
+    def step(self, tokens: int = 0, samples: int = 0, audio_s: float = 0.0) -> None:
         """End a step (see :func:`mark_step`)."""
-        self.counter.mark_step(tokens=tokens, samples=samples)
+        self.counter.mark_step(tokens=tokens, samples=samples, audio_s=audio_s)
 
     def declare(self, model: Optional[torch.nn.Module] = None, layers: int = 0, hidden: int = 0,
                 params: int = 0, training: Optional[bool] = None) -> None:
@@ -182,6 +183,10 @@ def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str, price: Opt
         "mfu": t["matmul_flops_per_step"] / (step_s * peak) if step_s and peak else 0.0,
         "tokens_per_s": tokens / step_s if tokens and step_s else None,
         "samples_per_s": t["samples_per_step"] / step_s if t["samples_per_step"] and step_s else None,
+        "audio_s_per_step": t["audio_s_per_step"],
+        "audio_hours_per_hour": t["audio_s_per_step"] / step_s if t["audio_s_per_step"] and step_s else None,
+        "usd_per_audio_hour": (usd_per_step * 3600.0 / t["audio_s_per_step"]
+                               if usd_per_step and t["audio_s_per_step"] else None),
         "steps_per_s": 1.0 / step_s if step_s else None,
         "usd_per_hour": usd_per_hour,
         "usd_per_step": usd_per_step,
@@ -264,7 +269,8 @@ class Report:
                  f"counted per step ({'fake/meta tensors, nothing computed' if self.fake else 'real run'}, {c['steps']} step(s) averaged): "
                  f"{c['flops'] / 1e9:,.3f} GFLOP, {_bytes(c['bytes'])} moved, {c['ops']:,.0f} ops"
                  + (f", {c['tokens']:,.0f} tokens" if c.get("tokens") else "")
-                 + (f", {c['samples']:,.0f} samples" if c.get("samples") else ""),
+                 + (f", {c['samples']:,.0f} samples" if c.get("samples") else "")
+                 + (f", {c['audio_s']:,.0f} s of audio" if c.get("audio_s") else ""),
                  f"parallelism: dp={p['dp']} tp={p['tp']} pp={p['pp']} microbatches={p['microbatches']} "
                  f"zero1={p['zero1']}; mode={self.mode}"]
         if c.get("repeats"):
@@ -287,6 +293,12 @@ class Report:
                 f"{_ratio(r['work_per_dollar_vs_first']):>8}  "
                 f"{_bytes(mem['per_device_bytes'])} of {_bytes(mem['capacity_bytes'])} "
                 f"{'fits' if mem['fits'] else 'does not fit'}")
+        if any(r.get("audio_hours_per_hour") for r in self.rows):
+            lines += ["", "audio (hours of audio per hour of the job; USD per hour of audio):"]
+            for r in self.rows:
+                usd = r["usd_per_audio_hour"]
+                lines.append(f"  {r['target']}: {r['audio_hours_per_hour']:,.1f} h/h, "
+                             f"{'n/a' if usd is None else f'${usd:,.4f}'} per hour of audio")
         if len({(r["parallel"]["dp"], r["parallel"]["tp"], r["parallel"]["pp"], r["parallel"]["microbatches"])
                 for r in self.rows}) > 1:
             lines += ["", "parallelism per target:"]
