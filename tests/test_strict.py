@@ -123,3 +123,20 @@ def test_default_mode_device_memory_is_plain_host_memory():
 
     x = torch.full((4,), 7.0, device="neuron")
     assert ctypes.c_float.from_address(x.data_ptr()).value == 7.0
+
+
+# The device's own tests and the conformance quick slice. (The whole suite passes in strict mode too:
+# TORCHNEURON_STRICT=1 .venv/bin/python -m pytest -q; it takes longer than CI should spend twice.)
+STRICT_SUITE = ["tests/test_device.py", "tests/test_copies.py", "tests/test_streams.py", "tests/test_memory.py",
+                "tests/test_serialization.py", "tests/conformance/test_opinfo.py", "tests/conformance/test_modules.py"]
+
+
+@pytest.mark.skipif(os.environ.get("TORCHNEURON_STRICT") == "1", reason="this test starts the strict run itself")
+def test_the_device_suite_and_the_conformance_slice_pass_in_strict_mode():
+    """The device tests and the conformance quick slice, run again with device memory protected."""
+    env = dict(os.environ, TORCHNEURON_STRICT="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *STRICT_SUITE],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1], tail
