@@ -32,39 +32,17 @@ if __package__ in (None, ""):
         sys.path.append(_root)
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import RESULTS_DIR, environment
+from benchmarks.common import RESULTS_DIR, demo_gpt_step, environment
 
 THREADS = 2
 TARGET = 1.5
 
 
-def gpt_step():
-    """The demo's GPT training step on neuron (synchronized at its end)."""
-    from torchneuron.models.gpt import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
-    model = GPT(cfg).to("neuron")
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
-    x = torch.randint(0, 65, (16, 64), device="neuron")
-
-    def step() -> None:
-        logits = model(x)
-        logits = logits[0] if isinstance(logits, tuple) else logits
-        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
-        opt.step()
-        opt.zero_grad()
-        torch.neuron.synchronize()
-
-    return step
-
-
 def measure(rounds: int, steps: int, memory: bool) -> dict:
     """Interleaved rounds; per-step medians in seconds and median ratios to the plain step."""
-    step = gpt_step()
+    step = demo_gpt_step()
     for _ in range(3):
         step()
     kinds = ["profiled"] + (["memory"] if memory else [])

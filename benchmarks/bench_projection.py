@@ -42,9 +42,8 @@ if __package__ in (None, ""):
         sys.path.append(_root)
 
 import torch
-import torch.nn.functional as F
 
-from benchmarks.common import REPO_ROOT, RESULTS_DIR, environment
+from benchmarks.common import REPO_ROOT, RESULTS_DIR, demo_gpt_step, environment
 
 THREADS = 1
 TARGET = 1.2
@@ -73,31 +72,11 @@ print(counted, time.perf_counter() - start, int(report.counted["ops"]))
 """
 
 
-def _gpt_step():
-    from torchneuron.models.gpt import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
-    model = GPT(cfg).to("neuron")
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
-    x = torch.randint(0, 65, (16, 64), device="neuron")
-
-    def step() -> None:
-        out = model(x)
-        logits = out[0] if isinstance(out, tuple) else out
-        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
-        opt.step()
-        opt.zero_grad()
-        torch.neuron.synchronize()
-
-    return step
-
-
 def measure_counting(rounds: int, steps: int) -> dict:
     """Interleaved rounds of plain and counted steps; per-step medians in seconds."""
     from torchneuron import projection
 
-    step = _gpt_step()
+    step = demo_gpt_step()
     for _ in range(3):
         step()
     out = {}

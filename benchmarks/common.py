@@ -172,6 +172,31 @@ class SuiteReport:
         return [r for r in self.results if r.ok is False]
 
 
+def demo_gpt_step(device: str = "neuron") -> Fn:
+    """The demo's GPT training step (4 layers, 128 wide, 16x64 tokens, AdamW), synchronized at its end."""
+    import torch.nn.functional as F
+
+    from torchneuron.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+    model = GPT(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    x = torch.randint(0, 65, (16, 64), device=device)
+    sync = synchronizer(device)
+
+    def step() -> None:
+        out = model(x)
+        logits = out[0] if isinstance(out, tuple) else out
+        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+        if sync is not None:
+            sync()
+
+    return step
+
+
 def synchronizer(device: str | torch.device) -> Sync | None:
     """Return the function that waits for queued work on a device, or None for the CPU.
 
