@@ -89,10 +89,16 @@ at::Tensor hostView(const at::Tensor& neuron) {
 at::Tensor hostViewHolding(const at::Tensor& neuron) {
   TORCH_CHECK(neuron.device().type() == kNeuron, "expected a neuron tensor, got one on ", neuron.device());
   const auto& storage = neuron.storage();
-  // The CPU storage keeps the device storage alive for as long as it lives.
-  auto* keep = new c10::Storage(storage);
+  // The CPU storage keeps the device storage alive for as long as it lives, and in strict mode
+  // an access window open: whoever holds the view (gloo's threads, through sockets too) may
+  // touch the memory until they let it go.
+  struct Held {
+    c10::Storage storage;
+    rt::DeviceAccess access;
+  };
+  auto* keep = new Held{storage, {}};
   c10::DataPtr ptr(const_cast<void*>(storage.data()), keep,
-                   [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU));
+                   [](void* ctx) { delete static_cast<Held*>(ctx); }, c10::Device(c10::kCPU));
   auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
                                                     std::move(ptr), nullptr, /*resizable=*/false);
   return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);

@@ -47,8 +47,6 @@ class Call {
     // Gloo's checking wrapper reports the name of the backend it wraps.
     gloo_ = backend_->getBackendName() == "gloo";
     if (rt::activityRecording()) activity_ = rt::activityBegin(-1, 0, {rt::ActivityKind::Collective, name_, 0});
-    // Strict mode: gloo reads and writes device memory from its threads until the collective ends.
-    if (rt::strictMode()) access_ = std::make_shared<rt::DeviceAccess>();
   }
 
   c10d::Backend* operator->() const {
@@ -118,21 +116,11 @@ class Call {
   WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs) {
     if (!gloo_) return work;  // another backend took the neuron tensors as they are
     if (activity_ && !outputs.empty()) record(*work, outputs);
-    if (access_) keepAccessUntilDone(*work);
     return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs),
                                            Collective{name_, group_.getRank(), group_.getSize()}, type_);
   }
 
  private:
-  // Strict mode: device memory stays reachable until the backend's work has ended.
-  void keepAccessUntilDone(c10d::Work& work) {
-    try {
-      work.getFuture()->addCallback([access = access_](c10::ivalue::Future&) {});
-    } catch (const std::exception&) {
-      work.wait();  // a backend without futures: wait here, within the window
-    }
-  }
-
   // The collective as work of the outputs' device and current stream, from its call to its end.
   void record(c10d::Work& work, const std::vector<at::Tensor>& outputs) {
     auto& activity = *activity_;
@@ -157,7 +145,6 @@ class Call {
   c10::DeviceIndex synced_ = -1;
   std::optional<double> factor_;
   std::optional<rt::ActivityRecord> activity_;  // while activity is recorded
-  std::shared_ptr<rt::DeviceAccess> access_;     // strict mode, until the work ends
 };
 
 // A collective's options with the caller's async_op and, where the operator takes one, timeout.

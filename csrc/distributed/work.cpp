@@ -1,8 +1,6 @@
 // Work handles of collectives on neuron tensors, and the errors they raise.
 #include "work.h"
 
-#include "../runtime/neuron_runtime.h"
-
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -111,9 +109,6 @@ int64_t NeuronWork::liveCount() {
 
 bool NeuronWork::wait(std::chrono::milliseconds timeout) {
   try {
-    // Strict mode: gloo finishes some collectives inside wait() (a reduce-scatter copies its
-    // result into the output's host view there), so the wait is an access window too.
-    rt::DeviceAccess access;
     work_->wait(timeout);
   } catch (...) {
     const auto caught = std::current_exception();

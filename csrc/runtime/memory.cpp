@@ -77,11 +77,12 @@ bool validDevice(int device) { return device >= 0 && device < deviceCount(); }
 // A fault inside the mapping outside a window is reported and ends the process.
 
 constexpr size_t kArenaAlignment = 512;
+constexpr size_t kHugePage = size_t(2) << 20;
 
 struct Arena {
   char* base = nullptr;                 // of device 0; device d starts at base + d * span
   size_t span = 0;                      // bytes per device, whole pages
-  size_t page = 4096;
+  size_t page = 4096;                   // the granularity of protection and of returning memory
   std::vector<size_t> extent;           // per device: end of the highest allocation, whole pages
   std::vector<std::map<size_t, size_t>> free_ranges;  // per device: offset -> size
   int open = 0;                         // access windows open now
@@ -150,16 +151,23 @@ Arena* strictArena() {
     const char* env = std::getenv("TORCHNEURON_STRICT");
     if (env == nullptr || std::string(env) != "1") return nullptr;
     auto* made = new Arena();  // lives as long as the process
-    made->page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    // Huge pages: changing the protection of the used range costs per page table entry, and a
+    // 2 MiB page needs one where 512 small pages need 512 (a training step launches hundreds
+    // of kernels, each opening and closing a window).
+    made->page = kHugePage;
     made->span = (deviceCapacity() + made->page - 1) / made->page * made->page;
     const size_t n = static_cast<size_t>(std::max(deviceCount(), 1));
-    void* base = ::mmap(nullptr, made->span * n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) {
+    const size_t bytes = made->span * n + kHugePage;  // room to align the base to a huge page
+    void* mapped = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapped == MAP_FAILED) {
       std::fprintf(stderr, "torchneuron: TORCHNEURON_STRICT=1 could not reserve %zu bytes of address space "
-                           "for device memory; strict mode is off\n", made->span * n);
+                           "for device memory; strict mode is off\n", bytes);
       delete made;
       return nullptr;
     }
+    const auto aligned = (reinterpret_cast<uintptr_t>(mapped) + kHugePage - 1) / kHugePage * kHugePage;
+    void* base = reinterpret_cast<void*>(aligned);
+    ::madvise(base, made->span * n, MADV_HUGEPAGE);  // a hint: without it small pages work, slower
     made->base = static_cast<char*>(base);
     made->extent.assign(n, 0);
     made->free_ranges.resize(n);
