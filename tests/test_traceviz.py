@@ -58,7 +58,8 @@ def test_neuron_profile_draws_host_ops_the_stream_lane_and_launch_arrows(tmp_pat
     _assert_offline(page)
 
     meta = {(e["name"], e["pid"], e.get("tid")): e["args"] for e in events if e.get("ph") == "M"}
-    host_thread = next(a["name"] for (n, pid, tid), a in meta.items() if n == "thread_name" and pid != 0)
+    mm = next(e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mm")
+    host_thread = meta[("thread_name", mm["pid"], mm["tid"])]["name"]  # the thread that ran the ops
     assert '<text class="proc" x="6"' in page and ">neuron 0 (pid 0)</text>" in page
     assert ">stream 0</text>" in page and f">{host_thread}</text>" in page
 
