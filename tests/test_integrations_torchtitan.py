@@ -71,6 +71,15 @@ def workdir(tmp_path_factory):
     return root
 
 
+def _free_port() -> int:
+    """A port nothing listens on now (a fixed one collides with other runs on the machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _train(workdir, nproc, port, *extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # torchtitan finds torch.neuron through PyTorch's autoload
@@ -88,13 +97,13 @@ def _train(workdir, nproc, port, *extra):
 
 
 def test_debug_llama_trains_on_one_process(workdir):
-    losses, log = _train(workdir, 1, 29731)
+    losses, log = _train(workdir, 1, _free_port())
     assert "neuron backend: rank 0 of 1 on neuron:0" in log
     assert losses[2] < losses[0]
 
 
 def test_debug_llama_trains_with_fsdp2_on_two_processes(workdir):
     # torchtitan's default spmd_backend ("spmd_types") needs a newer FSDP2 (docs/ecosystem.md).
-    losses, log = _train(workdir, 2, 29732, "--parallelism.spmd_backend", "partial_dtensor")
+    losses, log = _train(workdir, 2, _free_port(), "--parallelism.spmd_backend", "partial_dtensor")
     assert "rank 1 of 2 on neuron:1" in log and "dp_shard=2" in log
     assert losses[2] < losses[0]
