@@ -23,6 +23,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ._memviz import _nice_step
+
 __all__ = ["load_trace", "render_html", "TraceError"]
 
 _LABEL_W = 230      # lane names
@@ -87,18 +89,6 @@ def _hue(name: str) -> int:
     key = name.split("::", 1)[1] if name.startswith("aten::") else name
     return zlib.crc32(key.encode()) % 360
 
-
-def _nice(span: float, ticks: int) -> float:
-    import math
-
-    raw = span / max(ticks, 1)
-    if raw <= 0:
-        return 1.0
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag  # pragma: no cover
 
 
 def _fmt_us(us: float) -> str:
@@ -328,7 +318,7 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
 
     ticks: list = []
     span_ms = (end - start) / 1e3
-    step_ms = _nice(span_ms, max(plot_w // 110, 2))
+    step_ms = _nice_step(span_ms, max(plot_w // 110, 2))
     first = (int(((start - origin) / 1e3) / step_ms) + 1) * step_ms
     t = first - step_ms
     while t <= (end - origin) / 1e3 + 1e-9:
