@@ -139,12 +139,16 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
                            ? hostViewSharing(self, cpu_dst.storage())
                            : hostArgument(self);
   // A copy is work of the device's current stream (the source's, between devices), named as
-  // CUDA's profiler names its copies.
-  const char* name = from_device && to_device ? "Memcpy DtoD (Device -> Device)"
-                     : to_device ? (rt::isHostPinned(self.const_data_ptr()) ? "Memcpy HtoD (Pinned -> Device)"
-                                                                            : "Memcpy HtoD (Pageable -> Device)")
-                     : (rt::isHostPinned(dst.const_data_ptr()) ? "Memcpy DtoH (Device -> Pinned)"
-                                                                : "Memcpy DtoH (Device -> Pageable)");
+  // CUDA's profiler names its copies. The name is only read while activity is recorded, and
+  // asking whether host memory is pinned takes the runtime's lock: only then is it asked.
+  const char* name = "Memcpy";
+  if (rt::activityRecording()) {
+    name = from_device && to_device ? "Memcpy DtoD (Device -> Device)"
+           : to_device ? (rt::isHostPinned(self.const_data_ptr()) ? "Memcpy HtoD (Pinned -> Device)"
+                                                                  : "Memcpy HtoD (Pageable -> Device)")
+           : (rt::isHostPinned(dst.const_data_ptr()) ? "Memcpy DtoH (Device -> Pinned)"
+                                                      : "Memcpy DtoH (Device -> Pageable)");
+  }
   launch(from_device ? self.device().index() : dst.device().index(),
          {rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)}, [&] { cpu_dst.copy_(cpu_src); });
   return dst;

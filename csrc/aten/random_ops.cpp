@@ -576,11 +576,8 @@ constexpr char kLogNormalName[] = "log_normal_";
 constexpr char kExponentialName[] = "exponential_";
 constexpr char kGeometricName[] = "geometric_";
 constexpr char kCauchyName[] = "cauchy_";
-constexpr char kBernoulliScalarName[] = "bernoulli_";
-constexpr char kBernoulliTensorName[] = "bernoulli_";
+constexpr char kBernoulliName[] = "bernoulli_";
 constexpr char kRandomName[] = "random_";
-constexpr char kRandomToName[] = "random_";
-constexpr char kRandomFromName[] = "random_";
 constexpr char kRandpermName[] = "randperm";
 constexpr char kNativeDropoutName[] = "native_dropout";
 
@@ -591,11 +588,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("exponential_", TORCH_FN((Launched<kExponentialName, &exponential>::call)));
   m.impl("geometric_", TORCH_FN((Launched<kGeometricName, &geometric>::call)));
   m.impl("cauchy_", TORCH_FN((Launched<kCauchyName, &cauchy>::call)));
-  m.impl("bernoulli_.float", TORCH_FN((Launched<kBernoulliScalarName, &bernoulliScalar>::call)));
-  m.impl("bernoulli_.Tensor", TORCH_FN((Launched<kBernoulliTensorName, &bernoulliTensor>::call)));
+  m.impl("bernoulli_.float", TORCH_FN((Launched<kBernoulliName, &bernoulliScalar>::call)));
+  m.impl("bernoulli_.Tensor", TORCH_FN((Launched<kBernoulliName, &bernoulliTensor>::call)));
   m.impl("random_", TORCH_FN((Launched<kRandomName, &random>::call)));
-  m.impl("random_.to", TORCH_FN((Launched<kRandomToName, &randomTo>::call)));
-  m.impl("random_.from", TORCH_FN((Launched<kRandomFromName, &randomFrom>::call)));
+  m.impl("random_.to", TORCH_FN((Launched<kRandomName, &randomTo>::call)));
+  m.impl("random_.from", TORCH_FN((Launched<kRandomName, &randomFrom>::call)));
   m.impl("randperm.generator_out", TORCH_FN((Launched<kRandpermName, &randperm>::call)));
   m.impl("native_dropout", TORCH_FN((Launched<kNativeDropoutName, &nativeDropout>::call)));
 }

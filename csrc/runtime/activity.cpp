@@ -22,11 +22,6 @@ std::vector<ActivityRecord> records;  // guarded by records_mutex
 std::atomic<uint64_t> launches{0};
 thread_local std::vector<uint64_t> external_correlation;
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 int32_t hostThread() {
   thread_local const auto id = static_cast<int32_t>(::syscall(SYS_gettid));
   return id;
@@ -53,8 +48,13 @@ void activityPopExternalCorrelation() {
   if (!external_correlation.empty()) external_correlation.pop_back();
 }
 
+int64_t activityClockNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 ActivityRecord activityBegin(int device, Stream stream, const LaunchInfo& info) {
-  const int64_t now = nowNs();
+  const int64_t now = activityClockNs();
   return ActivityRecord{info.kind,
                         info.name != nullptr ? info.name : "kernel",
                         device,
@@ -69,7 +69,7 @@ ActivityRecord activityBegin(int device, Stream stream, const LaunchInfo& info) 
 }
 
 void activityEnd(ActivityRecord record) {
-  record.end_ns = nowNs();
+  record.end_ns = activityClockNs();
   if (!activityRecording()) return;  // recording stopped while the work ran
   std::lock_guard<std::mutex> lock(records_mutex);
   records.push_back(std::move(record));

@@ -93,6 +93,27 @@ Arena* arena = nullptr;  // set once when strict mode starts
 struct sigaction previous_segv {};
 volatile sig_atomic_t reported = 0;  // a fault in device memory was reported
 
+// The bytes an allocation of `nbytes` takes in an arena.
+size_t arenaSize(size_t nbytes) {
+  return std::max<size_t>((nbytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment, kArenaAlignment);
+}
+
+void onFault(int sig, siginfo_t* info, void* context);
+
+// Hands a fault to the SIGSEGV handler installed before ours; false when there was none to call.
+bool callPreviousHandler(int sig, siginfo_t* info, void* context) {
+  if (previous_segv.sa_flags & SA_SIGINFO) {
+    if (previous_segv.sa_sigaction == nullptr || previous_segv.sa_sigaction == &onFault) return false;
+    previous_segv.sa_sigaction(sig, info, context);
+    return true;
+  }
+  if (previous_segv.sa_handler == SIG_DFL || previous_segv.sa_handler == SIG_IGN ||
+      previous_segv.sa_handler == nullptr)
+    return false;
+  previous_segv.sa_handler(sig);
+  return true;
+}
+
 void protect(Arena& a, int prot) {
   for (size_t d = 0; d < a.extent.size(); ++d)
     if (a.extent[d] > 0) ::mprotect(a.base + d * a.span, a.extent[d], prot);
@@ -124,26 +145,13 @@ void onFault(int sig, siginfo_t* info, void* context) {
     if (reported == 0) {
       reported = 1;
       if (n > 0) writeAll(message, std::min(static_cast<size_t>(n), sizeof(message) - 1));
-      // The handler before this one (Python's faulthandler prints the Python stack), if any.
-      if ((previous_segv.sa_flags & SA_SIGINFO) && previous_segv.sa_sigaction != nullptr &&
-          previous_segv.sa_sigaction != &onFault) {
-        previous_segv.sa_sigaction(sig, info, context);
-      } else if (!(previous_segv.sa_flags & SA_SIGINFO) && previous_segv.sa_handler != SIG_DFL &&
-                 previous_segv.sa_handler != SIG_IGN && previous_segv.sa_handler != nullptr) {
-        previous_segv.sa_handler(sig);
-      }
+      callPreviousHandler(sig, info, context);  // Python's faulthandler prints the Python stack
     }
     ::signal(SIGSEGV, SIG_DFL);  // the access faults again and ends the process
     return;
   }
   // Not device memory: whoever handled SIGSEGV before.
-  if (previous_segv.sa_flags & SA_SIGINFO) {
-    if (previous_segv.sa_sigaction != nullptr) return previous_segv.sa_sigaction(sig, info, context);
-  } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN &&
-             previous_segv.sa_handler != nullptr) {
-    return previous_segv.sa_handler(sig);
-  }
-  ::signal(SIGSEGV, SIG_DFL);
+  if (!callPreviousHandler(sig, info, context)) ::signal(SIGSEGV, SIG_DFL);
 }
 
 Arena* strictArena() {
@@ -179,8 +187,7 @@ Arena* strictArena() {
 }
 
 void* arenaAllocate(Arena& a, int device, size_t nbytes) {
-  const size_t size = std::max<size_t>((nbytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment,
-                                       kArenaAlignment);
+  const size_t size = arenaSize(nbytes);
   std::lock_guard<std::mutex> lock(a.mutex);
   auto& ranges = a.free_ranges[device];
   for (auto it = ranges.begin(); it != ranges.end(); ++it) {
@@ -201,8 +208,7 @@ void* arenaAllocate(Arena& a, int device, size_t nbytes) {
 }
 
 void arenaFree(Arena& a, int device, void* ptr, size_t nbytes) {
-  const size_t size = std::max<size_t>((nbytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment,
-                                       kArenaAlignment);
+  const size_t size = arenaSize(nbytes);
   const size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - (a.base + device * a.span));
   std::lock_guard<std::mutex> lock(a.mutex);
   // Whole pages inside the range go back to the system.

@@ -145,6 +145,7 @@ void activityPopExternalCorrelation();
 // For work whose end the host learns later (a collective another thread
 // runs): a record begun now, on this thread, and added when it ends.
 ActivityRecord activityBegin(int device, Stream stream, const LaunchInfo& info);
+int64_t activityClockNs();  // the clock of the records' times
 void activityEnd(ActivityRecord record);  // kept only while recording
 
 }  // namespace torchneuron::rt

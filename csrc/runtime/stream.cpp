@@ -82,8 +82,7 @@ Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const Lau
   }
   // The stream is idle, so the work starts at once and ends when fn returns (or raises).
   ActivityRecord record = activityBegin(device, stream, info);
-  record.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::system_clock::now().time_since_epoch()).count();
+  record.start_ns = activityClockNs();
   try {
     fn(arg);
   } catch (...) {
