@@ -34,6 +34,7 @@ device time of the work they launched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import linecache
 import logging
@@ -281,16 +282,11 @@ def diagnose(script: str, argv: Sequence[str] = (), trace: Optional[str] = None)
     transfers_before = torch.neuron.transfer_stats()
     profiler = _trace_profiler() if trace else None
     try:
-        with _PrintWatch(rec), _OpWatch(rec):
-            if profiler is not None:
-                with profiler:
-                    result = run_script(script, argv)
-                    for i in devices:
-                        torch.neuron.synchronize(i)
-            else:
-                result = run_script(script, argv)
-        for i in devices:
-            torch.neuron.synchronize(i)
+        # The devices are synchronized inside the profile, so that it holds all the program's work.
+        with _PrintWatch(rec), _OpWatch(rec), profiler or contextlib.nullcontext():
+            result = run_script(script, argv)
+            for i in devices:
+                torch.neuron.synchronize(i)
     finally:
         cuda_compat.set_recorder(previous_recorder)
         if not was_enabled:
