@@ -12,6 +12,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
 #include <unordered_map>
 
 namespace torch {
@@ -270,6 +273,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr e) {
     if (e) torch::translate_exception_to_python(e);
   });
+  registerFastOps();
   preferCpuKernels();
   preferSparseCpuKernels();
   m.def("_device_count", [] { return int(deviceCount()); });
@@ -281,10 +285,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("_strict_mode", &rt::strictMode, "Whether TORCHNEURON_STRICT=1 protects device memory.");
   m.def("_install_strict_fault_handler", &rt::installStrictFaultHandler,
         "Puts the runtime's report of a host access to device memory before the current SIGSEGV handler.");
-  m.def("_synchronize", [](int i) {
-    checkDevice(static_cast<c10::DeviceIndex>(i));
-    rt::deviceSynchronize(i);
-  });
+  m.def("_async_mode", &rt::asyncMode, "Whether streams run their work asynchronously (TORCHNEURON_ASYNC=1, strict mode).");
+  m.def(
+      "_synchronize",
+      [](int i) {
+        const auto index = static_cast<c10::DeviceIndex>(i);
+        checkDevice(index);
+        checkRuntime(rt::deviceSynchronize(i), index, "torch.neuron.synchronize()");
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_sleep",
+      [](int64_t ns) {
+        // Work that occupies the current stream for `ns` nanoseconds (torch.neuron._sleep).
+        const auto device = currentDevice();
+        enqueue(device, {rt::ActivityKind::Kernel, "sleep"},
+                [ns] { std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(ns, 0))); });
+      },
+      py::call_guard<py::gil_scoped_release>());
   m.def("_default_generator", [](int i) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(defaultGenerator(static_cast<c10::DeviceIndex>(i))));

@@ -202,6 +202,7 @@ def test_event_on_device_one(two_devices):
     e.synchronize()
     e2 = torch.neuron.Event(enable_timing=True)
     e2.record(s1)
+    e2.synchronize()  # as on CUDA, both events must have happened
     assert e.elapsed_time(e2) >= 0
     # Once on device 1, recording on a device-0 stream is an error, as on CUDA.
     with pytest.raises(RuntimeError, match="device"):

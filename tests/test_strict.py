@@ -122,6 +122,7 @@ def test_default_mode_device_memory_is_plain_host_memory():
     import torch
 
     x = torch.full((4,), 7.0, device="neuron")
+    torch.neuron.synchronize()  # with asynchronous streams (TORCHNEURON_ASYNC=1), the fill is queued
     assert ctypes.c_float.from_address(x.data_ptr()).value == 7.0
 
 

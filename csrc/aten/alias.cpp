@@ -37,8 +37,9 @@ c10::DataPtr takeHostBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) 
   const auto& current = storage->data_ptr();
   if (auto block = takeDeviceBlock(storage, device)) return std::move(*block);  // device memory already
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
-  // Not ours to take, or strict mode (where device memory is only the runtime's): copy instead.
-  if (!owned || rt::strictMode()) return copyHostBuffer(storage, device);
+  // Not ours to take, or strict or asynchronous mode (where device memory is only the runtime's,
+  // and queued work may refer to a block after the host frees it): copy instead.
+  if (!owned || rt::asyncMode()) return copyHostBuffer(storage, device);
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   return deviceBlockFromHostBuffer(std::move(host), nbytes, device);
 }
@@ -84,6 +85,13 @@ at::Tensor hostView(const at::Tensor& neuron) {
   at::Tensor alias = makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
   if (empty_slot != nullptr) *empty_slot = alias;
   return alias;
+}
+
+c10::Storage hostStorageOf(const at::Tensor& neuron) {
+  const auto& storage = neuron.storage();
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)), nullptr, /*resizable=*/false));
 }
 
 at::Tensor hostViewHolding(const at::Tensor& neuron) {

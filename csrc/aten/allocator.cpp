@@ -7,6 +7,13 @@
 // produce some other way are adopted: charged to the device and counted like
 // any other allocation.
 //
+// Asynchronous mode (rt::asyncMode()): as in CUDA's caching allocator, a block belongs to the
+// stream it was allocated on, and a freed block is reused only by allocations on that stream,
+// whose later work runs after the work that used it. A block recorded on other streams
+// (record_stream) waits, after it is freed, until those streams have passed an event recorded
+// at the free. Memory goes back to the runtime (empty_cache, or a retry before an out-of-memory
+// error) only after the device's streams are idle.
+//
 // Memory history (recordMemoryHistory): while it is on, blocks keep the traceback that allocated
 // them and each device keeps a bounded ring of what the allocator did, in the structure of
 // PyTorch's CUDA snapshots (memorySnapshot). While it is off, the allocation and free paths pay
@@ -83,6 +90,9 @@ struct Block {
   size_t requested = 0;   // bytes asked for
   c10::DeviceIndex device = 0;
   bool allocated = false;  // false while cached
+  rt::Stream stream = 0;   // asynchronous mode: the stream it was allocated on
+  std::vector<c10::Stream> uses;   // ... other streams that used it (record_stream)
+  std::vector<rt::Event> pending;  // ... freed: events on those streams it waits for
   c10::DataPtr host;      // set for adopted host buffers
   std::shared_ptr<c10::GatheredContext> context;  // where it was allocated (memory history)
   Block* prev = nullptr;  // the device's list of segments
@@ -131,11 +141,22 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     Block* block = nullptr;
     try {
       std::lock_guard<std::mutex> lock(d.mutex);
+      const bool async = rt::asyncMode();
+      const rt::Stream stream = async ? streamId(device) : 0;
+      if (async) processPendingLocked(d);
       // The block freed last (its memory is likeliest still in the host's caches): equal keys of
-      // a multimap keep their insertion order.
+      // a multimap keep their insertion order. Asynchronous mode: a block of this stream.
       auto [first, last] = d.cache.equal_range(size);
-      if (first != last) {
-        auto it = std::prev(last);
+      auto found = d.cache.end();
+      for (auto it = last; it != first;) {
+        --it;
+        if (!async || it->second->stream == stream) {
+          found = it;
+          break;
+        }
+      }
+      if (found != d.cache.end()) {
+        auto it = found;
         block = it->second;
         d.cache.erase(it);
         d.cached_bytes -= size;
@@ -146,6 +167,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
         block->ptr = ptr;
         block->size = size;
         block->device = device;
+        block->stream = stream;
         addSegmentLocked(d, block, context);
       }
       block->requested = nbytes;
@@ -209,8 +231,31 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       delete block;  // frees the host buffer
       return;
     }
+    if (!block->uses.empty()) {  // asynchronous mode: other streams may still use it
+      for (const auto& use : block->uses) {
+        rt::Event event = nullptr;
+        rt::eventCreate(&event, /*enable_timing=*/false);
+        rt::eventRecord(event, block->device, use.id());
+        block->pending.push_back(event);
+      }
+      block->uses.clear();
+      d.pending.push_back(block);
+      return;
+    }
     d.cache.emplace(block->size, block);
     d.cached_bytes += block->size;
+  }
+
+  // record_stream: the block is in use by `stream` too (asynchronous mode; nothing otherwise).
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    if (!rt::asyncMode() || ptr.get_deleter() != &deleteBlock || stream.device_type() != kNeuron) return;
+    auto* block = static_cast<Block*>(ptr.get_context());
+    auto& d = *devices_[block->device];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (stream.id() == block->stream) return;
+    for (const auto& use : block->uses)
+      if (use == stream) return;
+    block->uses.push_back(stream);
   }
 
   void recordHistory(const MemoryHistoryOptions& o) {
@@ -280,14 +325,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
     std::shared_ptr<c10::GatheredContext> context;
     if (recording()) context = gatherContext(Context::All);
-    for (auto& d : devices_) {
-      std::lock_guard<std::mutex> lock(d->mutex);
-      freeCachedLocked(*d, context);
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      std::lock_guard<std::mutex> lock(devices_[i]->mutex);
+      freeCachedLocked(*devices_[i], static_cast<int>(i), context);
     }
-  }
-
-  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {
-    // Kernels finish when launched: a block is never in use by a stream once freed.
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
@@ -331,7 +372,30 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     Block* segments = nullptr;        // every segment, allocated or cached
     std::vector<SnapshotTrace> trace;  // ring of at most g_max_entries, next write at trace_next
     size_t trace_next = 0;
+    std::vector<Block*> pending;       // asynchronous mode: freed, waiting for other streams
   };
+
+  // Moves the freed blocks whose other streams have passed their events into the cache.
+  static void processPendingLocked(DeviceState& d) {
+    auto done = [](Block* b) {
+      for (rt::Event e : b->pending)
+        if (rt::eventQuery(e) != rt::Status::Success) return false;
+      return true;
+    };
+    for (size_t i = 0; i < d.pending.size();) {
+      Block* b = d.pending[i];
+      if (!done(b)) {
+        ++i;
+        continue;
+      }
+      for (rt::Event e : b->pending) rt::eventDestroy(e);
+      b->pending.clear();
+      d.cache.emplace(b->size, b);
+      d.cached_bytes += b->size;
+      d.pending[i] = d.pending.back();
+      d.pending.pop_back();
+    }
+  }
 
   static int64_t streamId(c10::DeviceIndex device) { return currentStream(device).id(); }
 
@@ -438,7 +502,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     (sign > 0 ? d.stats.num_device_alloc : d.stats.num_device_free)++;
   }
 
-  static void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
+  // Returns the cached blocks to the runtime; asynchronous mode: once the device's streams are idle,
+  // so that no queued work still refers to them (the freed blocks waiting for streams join them).
+  static void freeCachedLocked(DeviceState& d, int device, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
+    if (rt::asyncMode()) {
+      rt::deviceSynchronize(device);
+      processPendingLocked(d);
+    }
     for (auto& [size, block] : d.cache) {
       rt::free(block->ptr);
       removeSegmentLocked(d, block, context);
@@ -454,9 +524,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   void reserveLocked(DeviceState& d, c10::DeviceIndex device, size_t size, size_t requested,
                      const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
     rt::Status s = get();
-    if (s == rt::Status::OutOfMemory && !d.cache.empty()) {
+    if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty())) {
       d.stats.num_alloc_retries++;
-      freeCachedLocked(d, context);
+      freeCachedLocked(d, device, context);
       s = get();
     }
     if (s == rt::Status::Success) return;

@@ -1,5 +1,8 @@
 // The boxed fallback that runs every ATen op without a kernel of its own.
 //
+// Asynchronous mode queues what it can on the stream instead (deferred.cpp); the rest runs here,
+// after the stream's earlier work (launch() waits for it).
+//
 // Neuron tensors among the arguments are replaced by CPU aliases of their
 // memory, a neuron device argument by the CPU, a neuron generator (or none)
 // by a CPU generator keyed from the device generator's stream; PyTorch's CPU kernel runs; what it did
@@ -215,7 +218,10 @@ class Call {
                               attention ? " (for attention: scaled_dot_product_attention or flex_attention)." : ".");
 }
 
+}  // namespace
+
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (rt::asyncMode() && enqueueOp(op, stack)) return;  // queued on the stream; results allocated
   Call call(op);
   call.convertArguments(stack);
   {
@@ -231,8 +237,6 @@ void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::j
   call.reflectWrites();
   call.convertReturns(stack);
 }
-
-}  // namespace
 
 void failDeviceMismatch(c10::DeviceIndex device, const std::string& other, const std::string& arg,
                         const c10::OperatorName& op) {

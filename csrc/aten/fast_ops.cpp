@@ -165,7 +165,15 @@ std::string qualifiedName(const char* name, const char* overload) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+// Registered before the fallback's explicit registrations (preferCpuKernels), which leave ops that
+// have a kernel alone. Asynchronous mode runs these ops through the boxed fallback, which queues
+// them (deferred.cpp), so they are not registered there.
+void registerFastOps() {
+  if (rt::asyncMode()) return;
+  static torch::Library* library = nullptr;
+  if (library != nullptr) return;
+  library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& m = *library;
   // elementwise arithmetic
   NEURON_FAST(add_Tensor) NEURON_FAST(add_Scalar) NEURON_FAST(sub_Tensor) NEURON_FAST(sub_Scalar)
   NEURON_FAST(mul_Tensor) NEURON_FAST(mul_Scalar) NEURON_FAST(div_Tensor) NEURON_FAST(div_Scalar)

@@ -110,12 +110,13 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
         int(stream.device_index()), ".");
     auto*& ev = *reinterpret_cast<rt::Event*>(event);
     if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
-    rt::eventRecord(ev, stream.device_index(), stream.id());
+    checkRuntime(rt::eventRecord(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
-    rt::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event));
+    checkRuntime(rt::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event)),
+                 stream.device_index(), "wait_event");
   }
 
   bool queryEvent(void* event) const override {
@@ -131,19 +132,24 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
-    rt::streamSynchronize(stream.device_index(), stream.id());
+    checkRuntime(rt::streamSynchronize(stream.device_index(), stream.id()), stream.device_index(),
+                 "stream synchronize");
   }
 
   void synchronizeEvent(void* event) const override {
-    if (event != nullptr) rt::eventSynchronize(static_cast<rt::Event>(event));
+    if (event == nullptr) return;
+    auto* ev = static_cast<rt::Event>(event);
+    checkRuntime(rt::eventSynchronize(ev), rt::eventDevice(ev), "event synchronize");
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     checkDevice(device_index);
-    rt::deviceSynchronize(device_index);
+    checkRuntime(rt::deviceSynchronize(device_index), device_index, "device synchronize");
   }
 
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr& ptr, const c10::Stream& stream) const override {
+    deviceAllocator()->recordStream(ptr, stream);
+  }
 
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
@@ -151,7 +157,10 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto* s = static_cast<rt::Event>(start);
     auto* e = static_cast<rt::Event>(end);
     float ms = 0;
-    TORCH_CHECK(rt::eventElapsedTime(&ms, s, e) == rt::Status::Success,
+    const auto status = rt::eventElapsedTime(&ms, s, e);
+    TORCH_CHECK(status != rt::Status::NotReady,
+        "Both events must have completed before calculating elapsed time (synchronize the later one first).");
+    TORCH_CHECK(status == rt::Status::Success,
         "Both events must be created with argument 'enable_timing=True' and recorded "
         "before calculating elapsed time.");
     return ms;

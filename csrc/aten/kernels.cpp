@@ -3,6 +3,7 @@
 #include "neuron.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -12,6 +13,8 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <stdexcept>
 
 namespace torchneuron {
 
@@ -115,7 +118,22 @@ at::Tensor& setEmpty(at::Tensor& self) {
   return setStorage(self, std::move(storage), 0, {0}, {});
 }
 
-at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+// Asynchronous mode: whether a copy may be queued on the stream rather than run by the host once
+// the stream is idle. Between the device's own memory it may; from pinned host memory and into it
+// with non_blocking=True too (the host synchronizes before it reads or reuses that memory, as
+// with CUDA). Copies from or to pageable memory, and copies between two devices, are the host's.
+bool queueCopy(const at::Tensor& self, const at::Tensor& dst, bool from_device, bool to_device, bool non_blocking) {
+  if (!rt::asyncMode()) return false;
+  if (from_device && to_device) {  // overlapping copies within one storage: the CPU's checks, at the op
+    return self.device() == dst.device() &&
+           (!self.storage().is_alias_of(dst.storage()) ||
+            at::get_overlap_status(self, dst) == at::MemOverlapStatus::No);
+  }
+  if (!non_blocking) return false;
+  return rt::isHostPinned(from_device ? dst.const_data_ptr() : self.const_data_ptr());
+}
+
+at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool from_device = self.device().type() == kNeuron;
   const bool to_device = dst.device().type() == kNeuron;
   TORCH_CHECK((from_device || self.device().is_cpu()) && (to_device || dst.device().is_cpu()),
@@ -131,13 +149,16 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
     stats.device_to_host_bytes += bytes;
     stats.device_to_host_copies++;
   }
-  // Copies complete before returning, so non_blocking changes nothing here.
+  const bool queued = queueCopy(self, dst, from_device, to_device, non_blocking);
   // Source and destination on one device storage share one CPU storage, so
-  // that PyTorch's overlap checks see them as the CPU would.
-  at::Tensor cpu_dst = hostArgument(dst);
+  // that PyTorch's overlap checks see them as the CPU would. Queued copies keep
+  // views that do not own the device memory, and the host tensor itself.
+  at::Tensor cpu_dst = !to_device ? dst : queued ? hostViewSharing(dst, hostStorageOf(dst)) : hostView(dst);
   at::Tensor cpu_src = from_device && to_device && self.storage().is_alias_of(dst.storage())
                            ? hostViewSharing(self, cpu_dst.storage())
-                           : hostArgument(self);
+                       : !from_device ? self
+                       : queued       ? hostViewSharing(self, hostStorageOf(self))
+                                      : hostView(self);
   // A copy is work of the device's current stream (the source's, between devices), named as
   // CUDA's profiler names its copies. The name is only read while activity is recorded, and
   // asking whether host memory is pinned takes the runtime's lock: only then is it asked.
@@ -149,8 +170,23 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool /*non_bl
            : (rt::isHostPinned(dst.const_data_ptr()) ? "Memcpy DtoH (Device -> Pinned)"
                                                       : "Memcpy DtoH (Device -> Pageable)");
   }
-  launch(from_device ? self.device().index() : dst.device().index(),
-         {rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)}, [&] { cpu_dst.copy_(cpu_src); });
+  const auto device = from_device ? self.device().index() : dst.device().index();
+  const rt::LaunchInfo info{rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)};
+  if (queued) {
+    enqueue(device, info, [cpu_dst, cpu_src]() mutable {
+      try {
+        cpu_dst.copy_(cpu_src);
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(e.what_without_backtrace());
+      }
+    });
+    return dst;
+  }
+  if (from_device && to_device && rt::asyncMode()) {  // another device's stream may still be writing dst
+    const auto other = dst.device().index();
+    checkRuntime(rt::streamSynchronize(other, currentStream(other).id()), other, "a copy between devices");
+  }
+  launch(device, info, [&] { cpu_dst.copy_(cpu_src); });
   return dst;
 }
 
@@ -165,7 +201,11 @@ c10::Scalar localScalarDense(const at::Tensor& self) {
                 [&] { return at::_local_scalar_dense(hostView(self)); });
 }
 
-void recordStream(at::Tensor&, c10::Stream) {}
+// Asynchronous mode: the caching allocator keeps the block from reuse by other streams until
+// `stream` has passed the point where the tensor is freed.
+void recordStream(at::Tensor& self, c10::Stream stream) {
+  deviceAllocator()->recordStream(self.storage().data_ptr(), stream);
+}
 
 // Dense tensors of CPU and neuron may trade data in place (`param.data = t`),
 // so that module.to("neuron") keeps the Parameter objects, as with CUDA.
@@ -176,7 +216,7 @@ bool hasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from
   };
   if (dense(self) && dense(from)) return true;
   return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
-}  // blocks are never reused while in use
+}
 
 }  // namespace
 

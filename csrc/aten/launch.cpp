@@ -7,8 +7,24 @@ namespace torchneuron {
 
 void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name) {
   if (status == rt::Status::InvalidDevice) checkDevice(device);  // PyTorch's message for a bad index
+  if (status == rt::Status::KernelFailed) checkRuntime(status, device, name);
   TORCH_CHECK(false, "neuron:", int(device), ": the runtime refused to launch ", name != nullptr ? name : "a kernel",
               ": ", rt::statusString(status));
+}
+
+void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what) {
+  if (status == rt::Status::Success || status == rt::Status::NotReady) return;
+  if (status == rt::Status::InvalidDevice) checkDevice(device);
+  if (status == rt::Status::KernelFailed) {
+    const std::string error = rt::asyncError(device);
+    TORCH_CHECK(false, "neuron:", int(device), ": work queued earlier failed asynchronously (found by ",
+                what != nullptr ? what : "a synchronization", "): ",
+                error.empty() ? std::string("the error was already reported") : error,
+                ". Kernels run after the host moves on, so the op above is not the one that failed; "
+                "run with TORCHNEURON_ASYNC=0 to raise errors at the op that caused them.");
+  }
+  TORCH_CHECK(false, "neuron:", int(device), ": ", what != nullptr ? what : "the runtime", " failed: ",
+              rt::statusString(status));
 }
 
 }  // namespace torchneuron

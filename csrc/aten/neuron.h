@@ -5,13 +5,19 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/Stream.h>
 
 #include "../runtime/neuron_runtime.h"
 
 namespace c10 {
 struct OperatorName;
+class OperatorHandle;
+struct IValue;
 }  // namespace c10
+namespace torch::jit {
+using Stack = std::vector<c10::IValue>;
+}  // namespace torch::jit
 
 #include <atomic>
 #include <cstdint>
@@ -67,6 +73,36 @@ decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& b
     return R(std::move(*result));
   }
 }
+
+// Checks a status of the runtime's waiting calls (synchronize, an event's synchronize): raises for
+// a bad device, and for work run asynchronously that failed, with what failed.
+void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what);
+// Queues `body` (a callable that owns what it needs: host views over device memory, CPU tensors it
+// reads) as work of `device`'s current stream. Synchronous mode: it runs before this returns and its
+// exceptions reach the caller. Asynchronous mode: it runs on the stream's worker later; an exception
+// becomes the device's asynchronous error, raised by the next synchronization.
+// The work runs in the inference mode of its launch (its host views are inference tensors or not).
+template <class F>
+void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
+  auto body = [inference = c10::InferenceMode::is_enabled(), work = std::move(work)]() mutable {
+    c10::InferenceMode mode(inference);
+    work();
+  };
+  using Body = decltype(body);
+  auto* arg = new Body(std::move(body));
+  const auto status = rt::enqueueKernel(
+      device, currentStream(device).id(), [](void* p) { (*static_cast<Body*>(p))(); }, arg,
+      [](void* p) { delete static_cast<Body*>(p); }, info);
+  if (status != rt::Status::Success) failLaunch(status, device, info.name);
+}
+
+// ---- asynchronous ops (deferred.cpp) ---------------------------------------
+// Asynchronous mode: queues a boxed op on its device's current stream when its results' sizes can
+// be known ahead (from its meta kernel). The results are allocated now and returned on the stack;
+// the CPU kernel runs on the stream's worker. False (the stack untouched) when the op must run
+// synchronously: results whose sizes depend on data, host values returned, random ops, sparse or
+// nested tensors, an out= argument resized, anything the meta kernel refuses.
+bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The device a kernel's argument puts it on: a neuron tensor's, else none (-1).
 inline c10::DeviceIndex neuronDeviceOf(const at::Tensor& t) {
@@ -201,6 +237,10 @@ at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& host_st
 // A host view that holds the device memory alive and cannot be resized, for work that keeps it
 // past the call that made it (a collective in flight, inside its access window).
 at::Tensor hostViewHolding(const at::Tensor& neuron);
+// A CPU storage over a neuron tensor's device memory that does not own it, for host views that
+// work queued on a stream keeps (hostViewSharing over it): the device memory is referred to by
+// address, as a real kernel's arguments are.
+c10::Storage hostStorageOf(const at::Tensor& neuron);
 // An argument as a CPU kernel takes it: the host view of a neuron tensor, anything else as it is.
 inline at::Tensor hostArgument(const at::Tensor& t) {
   return t.defined() && t.device().type() == kNeuron ? hostView(t) : t;
@@ -231,6 +271,11 @@ void updateFromHostView(const at::Tensor& neuron, const at::Tensor& view);
 // Registers the fallback for ops that have a CPU kernel besides a generic
 // one, so they run the CPU's kernel. Called once, after all registrations. (fallback.cpp)
 void preferCpuKernels();
+// Registers the unboxed kernels of the most frequent functional ops (fast_ops.cpp); called before
+// preferCpuKernels. Nothing in asynchronous mode, where every op goes through the boxed fallback.
+void registerFastOps();
+// The boxed fallback itself (fallback.cpp).
+void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 // The same for sparse tensors (sparse.cpp): ops with a CPU sparse kernel run it on the device's
 // sparse tensors, also where PyTorch has a generic kernel that expects a dense tensor.
 void preferSparseCpuKernels();

@@ -116,11 +116,25 @@ class Call {
   WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs) {
     if (!gloo_) return work;  // another backend took the neuron tensors as they are
     if (activity_ && !outputs.empty()) record(*work, outputs);
+    if (rt::asyncMode() && !outputs.empty()) onStream(work, outputs.front());
     return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs),
                                            Collective{name_, group_.getRank(), group_.getSize()}, type_);
   }
 
  private:
+  // Asynchronous mode: the collective as work of the outputs' current stream, which waits for it to
+  // end, as a collective launched on a stream does: work queued after it, and events recorded after
+  // it, follow it. Its errors are the caller's, from wait().
+  static void onStream(const WorkPtr& work, const at::Tensor& output) {
+    if (!output.defined() || output.device().type() != kNeuron) return;
+    enqueue(output.device().index(), {rt::ActivityKind::Kernel, "wait_collective"}, [work] {
+      try {
+        work->wait();
+      } catch (const std::exception&) {
+      }
+    });
+  }
+
   // The collective as work of the outputs' device and current stream, from its call to its end.
   void record(c10d::Work& work, const std::vector<at::Tensor>& outputs) {
     auto& activity = *activity_;

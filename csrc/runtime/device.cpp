@@ -14,6 +14,7 @@ const char* statusString(Status s) {
     case Status::OutOfMemory: return "out of device memory";
     case Status::InvalidValue: return "invalid argument";
     case Status::NotReady: return "device not ready";
+    case Status::KernelFailed: return "work run asynchronously failed";
   }
   return "unknown status";
 }
@@ -44,11 +45,6 @@ Status getDeviceProperties(int device, DeviceProperties* props) {
   props->total_memory = deviceCapacity();
   props->core_count = 1;
   return Status::Success;
-}
-
-Status deviceSynchronize(int device) {
-  if (device < 0 || device >= deviceCount()) return Status::InvalidDevice;
-  return Status::Success;  // kernels complete when launched
 }
 
 }  // namespace torchneuron::rt

@@ -22,6 +22,7 @@ enum class Status {
   OutOfMemory,        // request above the device's free capacity
   InvalidValue,       // bad pointer, size or handle
   NotReady,           // asynchronous work is still pending
+  KernelFailed,       // work run asynchronously raised; asyncError() says what
 };
 
 const char* statusString(Status s);
@@ -84,9 +85,20 @@ bool isHostPinned(const void* ptr);
 
 // ---- streams and events --------------------------------------------------
 // Streams are identified by (device, id); id 0 is the default stream.
-// Work submitted to a stream runs in submission order. The emulator runs each
-// kernel to completion when it is launched, so a stream is always idle when
-// control returns to the caller; events still carry real timestamps.
+// Work submitted to a stream runs in submission order.
+//
+// Synchronous mode (the default): each kernel runs to completion on the
+// launching thread, so a stream is always idle when control returns to the
+// caller; events still carry real timestamps.
+//
+// Asynchronous mode (TORCHNEURON_ASYNC=1, and always in strict mode): each
+// stream runs its work in order on a worker thread of its own, and
+// enqueueKernel returns once the work is queued, as a real device's launch
+// does. Ordering between streams holds only through events. Work that raises
+// does not stop its stream: the first error of a device is kept and returned
+// (KernelFailed, text from asyncError) by the next call that waits on that
+// device (synchronize, a blocking launch, an event's synchronize), once.
+bool asyncMode();
 using Stream = int64_t;
 struct EventImpl;
 using Event = EventImpl*;
@@ -94,26 +106,39 @@ using Event = EventImpl*;
 Status streamSynchronize(int device, Stream stream);
 Status streamQuery(int device, Stream stream);   // Success or NotReady
 Status streamWaitEvent(int device, Stream stream, Event event);
+// The message of the device's first asynchronous failure since the last call (empty: none).
+std::string asyncError(int device);
 
 Status eventCreate(Event* event, bool enable_timing);
 Status eventDestroy(Event event);
 Status eventRecord(Event event, int device, Stream stream);
 Status eventQuery(Event event);                   // Success or NotReady
 Status eventSynchronize(Event event);
-Status eventElapsedTime(float* ms, Event start, Event end);
+int eventDevice(Event event);                     // the device of its last record (-1: none)
+Status eventElapsedTime(float* ms, Event start, Event end);  // NotReady until both have happened
 
-// Launch a kernel on a stream: the function runs with the given argument once
-// all earlier work on that stream is done. `info` says what the work is, for
-// the activity records below; an exception the function raises reaches the
-// caller (the emulator runs it on the caller's thread).
+// Work on a stream: fn(arg). `info` says what the work is, for the activity
+// records below (its name is copied).
 using KernelFn = void (*)(void* arg);
 enum class ActivityKind { Kernel, Memcpy, Memset, Collective };
 struct LaunchInfo {
   ActivityKind kind = ActivityKind::Kernel;
-  const char* name = "kernel";  // read during the launch only
+  const char* name = "kernel";
   uint64_t bytes = 0;           // bytes moved, for copies and collectives
 };
+// A blocking launch: waits until all earlier work on the stream is done, then
+// runs fn(arg) on the calling thread; an exception it raises reaches the
+// caller. For work the host waits for anyway (a read of device memory into a
+// host value, a blocking copy) or whose arguments live on the caller's stack.
 Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info = {});
+// An asynchronous launch: fn(arg) runs once all earlier work on the stream is
+// done, then drop(arg) (drop also runs when fn raises). In synchronous mode
+// both run before the call returns and an exception fn raises reaches the
+// caller; in asynchronous mode they run on the stream's worker and an
+// exception becomes the device's asynchronous error. `arg` owns what the work
+// needs (device memory is referred to by address, as a real kernel's is).
+using KernelDrop = void (*)(void* arg);
+Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDrop drop, const LaunchInfo& info = {});
 
 // ---- activity records (activity.cpp) --------------------------------------
 // While recording is on, the runtime keeps a record of each piece of work it

@@ -210,9 +210,10 @@ def enable_sanitizer(on_report: str = "raise") -> None:
 def _sleep(cycles: int) -> None:
     """Occupy the current stream for ``cycles`` device clock cycles (at a nominal 1 GHz).
 
-    Kernels of the emulated NeuronCore run to completion when launched, so the host waits as well.
+    With asynchronous streams (``TORCHNEURON_ASYNC=1``) the work is queued and the host goes on, as
+    with ``torch.cuda._sleep``; otherwise the host waits as well.
     """
-    time.sleep(max(int(cycles), 0) / 1e9)
+    _C._sleep(max(int(cycles), 0))
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
