@@ -516,3 +516,65 @@ def test_strict_mode_implies_async_and_the_default_mode_stays_synchronous():
 def test_the_mode_of_this_process_follows_its_environment():
     expected = os.environ.get("TORCHNEURON_ASYNC") == "1" or os.environ.get("TORCHNEURON_STRICT") == "1"
     assert torchneuron._C._async_mode() is expected
+
+
+_CORPUS_RUNNER = """
+import contextlib, io, json, runpy, sys
+import torch
+outputs = {}
+for path in sys.argv[1:]:
+    torch.manual_seed(0)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(path, run_name="__main__")
+    torch.neuron.synchronize()
+    outputs[path] = out.getvalue()
+print(json.dumps(outputs))
+"""
+
+
+def test_the_corpus_fixed_programs_print_the_same_in_both_modes():
+    """The fixed twins of tests/data/async_bugs synchronize correctly, so running them asynchronously
+    changes nothing they print (seeded alike). Their buggy twins do change here: they read data the
+    device has not written yet (docs/runtime.md, the bug corpus)."""
+    import glob
+    import json
+
+    paths = [p for p in sorted(glob.glob(os.path.join(ROOT, "tests", "data", "async_bugs", "*_fixed.py")))
+             if "elapsed_time" not in p]  # that one prints a time
+    assert len(paths) >= 8
+
+    def outputs(mode):
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+        if mode:
+            env["TORCHNEURON_ASYNC"] = "1"
+        proc = subprocess.run([sys.executable, "-c", _CORPUS_RUNNER, *paths], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    default, asynchronous = outputs(False), outputs(True)
+    for path in paths:
+        assert default[path].strip(), f"{path} printed nothing"
+        assert asynchronous[path] == default[path], (path, default[path], asynchronous[path])
+
+
+def test_a_host_wait_holding_the_interpreter_lock_does_not_block_the_worker():
+    """The host may wait for a stream while holding Python's lock (`t.add_(d, alpha=scalar_tensor)` reads
+    the scalar inside the argument parser). The queued op keeps copies of its CPU scalars, so the
+    worker never drops a tensor Python has seen (which would need that lock)."""
+    check(run(PRELUDE + """
+    x = torch.ones(1 << 16, device=dev)
+    two = torch.tensor(2.0)                  # a CPU scalar Python knows
+    torch.neuron._sleep(200_000_000)
+    y = x * two                              # queued behind the sleep
+    z = x * 3                                # its wrapped number went through mul's meta kernel, in Python
+    del two                                  # Python lets go: the op holds the last reference, if any
+    p = torch.zeros(4, device=dev)
+    alpha = torch.ones((), device=dev) * 0.5
+    p.add_(torch.ones(4, device=dev), alpha=alpha)   # .item() on alpha inside the parser, lock held
+    torch.testing.assert_close(p.cpu(), torch.full((4,), 0.5))
+    torch.testing.assert_close(y.cpu(), torch.full((1 << 16,), 2.0))
+    torch.testing.assert_close(z.cpu(), torch.full((1 << 16,), 3.0))
+    print("ok")
+    """, timeout=120))

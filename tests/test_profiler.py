@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-import torchneuron  # noqa: F401
+import torchneuron
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -43,7 +43,9 @@ def test_kernels_are_device_events_linked_to_their_ops(tmp_path):
         assert k["pid"] == 0 and k["tid"] == 0 and k["args"]["stream"] == 0
         op = ops[k["args"]["External id"]]  # the op that launched it
         assert op["name"].endswith("::" + k["name"]) or op["name"] == "aten::" + k["name"], (op["name"], k["name"])
-        assert op["ts"] <= k["ts"] and k["ts"] + k["dur"] <= op["ts"] + op["dur"] + 1e-3
+        assert op["ts"] <= k["ts"]
+        if not torchneuron._C._async_mode():  # with asynchronous streams a kernel may end after its op returned
+            assert k["ts"] + k["dur"] <= op["ts"] + op["dur"] + 1e-3
     # Launch order is device order on one stream: no overlap, increasing.
     starts = [k["ts"] for k in kernels]
     assert starts == sorted(starts)
@@ -71,7 +73,8 @@ def test_key_averages_has_device_time_per_op():
     rows = {e.key: e for e in prof.key_averages()}
     mm = rows["aten::mm"]
     assert mm.count == 3 and mm.device_time_total > 0 and mm.self_device_time_total > 0
-    assert mm.device_time_total <= mm.cpu_time_total * 1.01  # the host waits for the device here
+    if not torchneuron._C._async_mode():
+        assert mm.device_time_total <= mm.cpu_time_total * 1.01  # the host waits for the device here
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=5)
     assert "Self NEURON" in table and "NEURON total" in table and "aten::mm" in table
 

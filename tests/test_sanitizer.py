@@ -30,7 +30,7 @@ EXPECTED = {
 
 # With asynchronous streams (TORCHNEURON_ASYNC=1, strict mode) these bugs may also raise by themselves.
 FAILS_ASYNCHRONOUSLY = {
-    "elapsed_time_without_sync": "must have completed before calculating elapsed time",
+    "elapsed_time_without_sync": "must be completed before calculating elapsed time",
 }
 
 

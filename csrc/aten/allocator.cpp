@@ -140,7 +140,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (recording()) context = gatherContext(Context::State);
     Block* block = nullptr;
     try {
-      std::lock_guard<std::mutex> lock(d.mutex);
+      std::unique_lock<std::mutex> lock(d.mutex);
       const bool async = rt::asyncMode();
       const rt::Stream stream = async ? streamId(device) : 0;
       if (async) processPendingLocked(d);
@@ -162,7 +162,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
         d.cached_bytes -= size;
       } else {
         void* ptr = nullptr;
-        reserveLocked(d, device, size, nbytes, context, [&] { return rt::malloc(device, &ptr, size); });
+        reserveLocked(d, lock, device, size, nbytes, context, [&] { return rt::malloc(device, &ptr, size); });
         block = new Block();
         block->ptr = ptr;
         block->size = size;
@@ -189,8 +189,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (recording()) context = gatherContext(Context::State);
     auto* block = new Block();
     try {
-      std::lock_guard<std::mutex> lock(d.mutex);
-      reserveLocked(d, device, size, nbytes, context, [&] { return rt::reserve(device, size); });
+      std::unique_lock<std::mutex> lock(d.mutex);
+      reserveLocked(d, lock, device, size, nbytes, context, [&] { return rt::reserve(device, size); });
       block->ptr = host.get();
       block->size = size;
       block->requested = nbytes;
@@ -326,8 +326,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::shared_ptr<c10::GatheredContext> context;
     if (recording()) context = gatherContext(Context::All);
     for (size_t i = 0; i < devices_.size(); ++i) {
+      if (rt::asyncMode()) rt::deviceSynchronize(static_cast<int>(i));  // before the lock: see freeCachedLocked
       std::lock_guard<std::mutex> lock(devices_[i]->mutex);
-      freeCachedLocked(*devices_[i], static_cast<int>(i), context);
+      freeCachedLocked(*devices_[i], context);
     }
   }
 
@@ -502,13 +503,11 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     (sign > 0 ? d.stats.num_device_alloc : d.stats.num_device_free)++;
   }
 
-  // Returns the cached blocks to the runtime; asynchronous mode: once the device's streams are idle,
-  // so that no queued work still refers to them (the freed blocks waiting for streams join them).
-  static void freeCachedLocked(DeviceState& d, int device, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
-    if (rt::asyncMode()) {
-      rt::deviceSynchronize(device);
-      processPendingLocked(d);
-    }
+  // Returns the cached blocks to the runtime. Asynchronous mode: the caller has waited for the
+  // device's streams first, without the lock (their work may free device memory, which takes it), so
+  // that no queued work refers to a cached block; the freed blocks waiting for streams join them.
+  static void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
+    if (rt::asyncMode()) processPendingLocked(d);
     for (auto& [size, block] : d.cache) {
       rt::free(block->ptr);
       removeSegmentLocked(d, block, context);
@@ -521,12 +520,18 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // Runs `get` (a runtime allocation); on a full device, frees the cache and
   // tries once more, then raises OutOfMemoryError. Called with d.mutex held.
   template <typename Fn>
-  void reserveLocked(DeviceState& d, c10::DeviceIndex device, size_t size, size_t requested,
+  void reserveLocked(DeviceState& d, std::unique_lock<std::mutex>& lock, c10::DeviceIndex device, size_t size,
+                     size_t requested,
                      const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
     rt::Status s = get();
     if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty())) {
       d.stats.num_alloc_retries++;
-      freeCachedLocked(d, device, context);
+      if (rt::asyncMode()) {
+        lock.unlock();
+        rt::deviceSynchronize(device);
+        lock.lock();
+      }
+      freeCachedLocked(d, context);
       s = get();
     }
     if (s == rt::Status::Success) return;

@@ -70,7 +70,9 @@ bool queueable(const c10::FunctionSchema& schema) {
 struct Queued {
   c10::OperatorHandle op;
   torch::jit::Stack stack;                   // the CPU kernel's arguments
-  c10::SmallVector<at::Tensor, 2> results;   // per result: the host view to fill, or none (a view, in place)
+  // Per result: its host view, and whether it is an argument or a view of one (nothing to fill; the
+  // CPU kernel's result must be that memory too).
+  c10::SmallVector<std::pair<at::Tensor, bool>, 2> results;
 
   void operator()() {
     at::init_num_threads();  // the worker follows torch.set_num_threads
@@ -90,8 +92,14 @@ struct Queued {
   }
 
   void fill(size_t k, const at::Tensor& cpu) {
-    if (k >= results.size() || !results[k].defined() || !cpu.defined()) return;
-    at::Tensor& out = results[k];
+    if (k >= results.size() || !results[k].first.defined() || !cpu.defined()) return;
+    const auto& [out, alias] = results[k];
+    if (alias) {
+      TORCH_CHECK(cpu.numel() == 0 || cpu.const_data_ptr() == out.const_data_ptr(), op.schema().operator_name(),
+                  ": the meta kernel said a result is an argument or a view of one; the CPU kernel returned other "
+                  "memory (an op to run synchronously: deferred.cpp, metaDisagrees)");
+      return;
+    }
     if (cpu.data_ptr() == out.data_ptr() && cpu.strides() == out.strides()) return;
     TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.scalar_type() == out.scalar_type(), op.schema().operator_name(),
                 ": the CPU kernel returned a ", cpu.scalar_type(), " tensor of sizes ", cpu.sizes(),
@@ -135,10 +143,14 @@ class Deferral {
   }
 
   // The CPU kernel's argument for an argument: a host view of a neuron tensor, a copy of a CPU scalar.
+  // CPU scalars are copies of their own: the worker never holds (and drops) a tensor that Python
+  // may have seen, whose release would need the interpreter's lock the host may hold while it waits.
   at::Tensor host(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kNeuron) {
-      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) return t.clone();
-      return t;
+    if (!t.defined()) return t;
+    if (t.device().type() != kNeuron) {
+      at::Tensor copy = t.clone();
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return copy;
     }
     for (const auto& v : views_)
       if (v.first == t.unsafeGetTensorImpl()) return v.second;
@@ -175,18 +187,29 @@ class Deferral {
     return true;
   }
 
-  // The device result for a meta result, and (in `fill`) the host view the worker fills, if any.
-  at::Tensor result(const at::Tensor& m, at::Tensor* fill) {
+  // The device result for a meta result, and (in `fill`) its host view: one to fill for new memory,
+  // else one over an argument's memory (`alias`).
+  at::Tensor result(const at::Tensor& m, at::Tensor* fill, bool* alias) {
+    *alias = false;
     if (!m.defined()) return m;
     if (!m.is_meta() || m.layout() != c10::kStrided || c10::isQIntType(m.scalar_type())) {
       failed_ = true;
       return m;
     }
-    for (const auto& a : args_)  // an in-place op returns its argument
-      if (a.meta.unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) return a.neuron;
+    for (const auto& a : args_) {  // an in-place op returns its argument
+      if (a.meta.unsafeGetTensorImpl() != m.unsafeGetTensorImpl()) continue;
+      *fill = hostViewSharing(a.neuron, storageFor(a.neuron).host);
+      *alias = true;
+      return a.neuron;
+    }
     const auto* storage = m.storage().unsafeGetStorageImpl();
-    for (const auto& s : storages_)  // a view of an argument
-      if (s.meta.unsafeGetStorageImpl() == storage) return deviceTensorOver(s.neuron, m);
+    for (const auto& s : storages_) {  // a view of an argument
+      if (s.meta.unsafeGetStorageImpl() != storage) continue;
+      at::Tensor out = deviceTensorOver(s.neuron, m);
+      *fill = hostViewSharing(out, s.host);
+      *alias = true;
+      return out;
+    }
     for (const auto& s : fresh_) {  // results sharing one new buffer
       if (s.meta.unsafeGetStorageImpl() != storage) continue;
       at::Tensor out = deviceTensorOver(s.neuron, m);
@@ -282,14 +305,16 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (auto& iv : meta) {
     if (iv.isTensor()) {
       at::Tensor fill;
-      results.emplace_back(deferral.result(iv.toTensor(), &fill));
-      queued.results.push_back(std::move(fill));
+      bool alias = false;
+      results.emplace_back(deferral.result(iv.toTensor(), &fill, &alias));
+      queued.results.emplace_back(std::move(fill), alias);
     } else if (iv.isTensorList()) {
       c10::List<at::Tensor> list;
       for (const at::Tensor& t : iv.toTensorList()) {
         at::Tensor fill;
-        list.push_back(deferral.result(t, &fill));
-        queued.results.push_back(std::move(fill));
+        bool alias = false;
+        list.push_back(deferral.result(t, &fill, &alias));
+        queued.results.emplace_back(std::move(fill), alias);
       }
       results.emplace_back(std::move(list));
     } else {

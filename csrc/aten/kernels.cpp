@@ -151,14 +151,16 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
   }
   const bool queued = queueCopy(self, dst, from_device, to_device, non_blocking);
   // Source and destination on one device storage share one CPU storage, so
-  // that PyTorch's overlap checks see them as the CPU would. Queued copies keep
-  // views that do not own the device memory, and the host tensor itself.
-  at::Tensor cpu_dst = !to_device ? dst : queued ? hostViewSharing(dst, hostStorageOf(dst)) : hostView(dst);
+  // that PyTorch's overlap checks see them as the CPU would. A queued copy's
+  // views own nothing, on either side: the device memory is referred to by
+  // address, and the host memory is kept alive by the copy (HostReleased).
+  auto view = [&](const at::Tensor& t) { return queued ? hostViewSharing(t, hostStorageOf(t)) : hostView(t); };
+  if (queued && !to_device) (void)dst.storage().mutable_data();  // a lazily copied destination, materialized now
+  at::Tensor cpu_dst = !to_device && !queued ? dst : view(dst);
   at::Tensor cpu_src = from_device && to_device && self.storage().is_alias_of(dst.storage())
                            ? hostViewSharing(self, cpu_dst.storage())
-                       : !from_device ? self
-                       : queued       ? hostViewSharing(self, hostStorageOf(self))
-                                      : hostView(self);
+                       : !from_device && !queued ? self
+                                                 : view(self);
   // A copy is work of the device's current stream (the source's, between devices), named as
   // CUDA's profiler names its copies. The name is only read while activity is recorded, and
   // asking whether host memory is pinned takes the runtime's lock: only then is it asked.
@@ -173,13 +175,15 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
   const auto device = from_device ? self.device().index() : dst.device().index();
   const rt::LaunchInfo info{rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)};
   if (queued) {
-    enqueue(device, info, [cpu_dst, cpu_src]() mutable {
-      try {
-        cpu_dst.copy_(cpu_src);
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(e.what_without_backtrace());
-      }
-    });
+    const bool host_side = !(from_device && to_device);
+    enqueue(device, info,
+            [cpu_dst, cpu_src, keep = HostReleased{host_side ? (to_device ? self : dst).storage() : c10::Storage()}] {
+              try {
+                cpu_dst.copy_(cpu_src);
+              } catch (const c10::Error& e) {
+                throw std::runtime_error(e.what_without_backtrace());
+              }
+            });
     return dst;
   }
   if (from_device && to_device && rt::asyncMode()) {  // another device's stream may still be writing dst

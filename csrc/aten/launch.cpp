@@ -3,6 +3,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
+
 namespace torchneuron {
 
 void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name) {
@@ -11,6 +16,29 @@ void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name) {
   TORCH_CHECK(false, "neuron:", int(device), ": the runtime refused to launch ", name != nullptr ? name : "a kernel",
               ": ", rt::statusString(status));
 }
+
+namespace {
+std::mutex released_mutex;
+std::vector<c10::Storage> released;  // guarded by released_mutex
+std::atomic<bool> any_released{false};
+}  // namespace
+
+HostReleased::~HostReleased() {
+  if (!storage) return;
+  std::lock_guard<std::mutex> lock(released_mutex);
+  released.push_back(std::move(storage));
+  any_released.store(true, std::memory_order_release);
+}
+
+void releaseHostStorages() {
+  if (!any_released.load(std::memory_order_acquire)) return;
+  std::vector<c10::Storage> done;
+  {
+    std::lock_guard<std::mutex> lock(released_mutex);
+    done.swap(released);
+    any_released.store(false, std::memory_order_relaxed);
+  }
+}  // the storages go here, on the host
 
 void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what) {
   if (status == rt::Status::Success || status == rt::Status::NotReady) return;

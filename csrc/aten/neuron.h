@@ -81,9 +81,23 @@ void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what);
 // reads) as work of `device`'s current stream. Synchronous mode: it runs before this returns and its
 // exceptions reach the caller. Asynchronous mode: it runs on the stream's worker later; an exception
 // becomes the device's asynchronous error, raised by the next synchronization.
+// A host storage that queued work keeps alive (a pinned buffer a copy reads or writes). The work
+// may end on a stream's worker; the storage is then let go of by the host, at its next enqueue:
+// Python may know the storage, and its release would need the interpreter's lock, which the host
+// may hold while it waits for that worker.
+struct HostReleased {
+  c10::Storage storage;
+  HostReleased(c10::Storage s) : storage(std::move(s)) {}
+  HostReleased(HostReleased&&) = default;
+  HostReleased(const HostReleased&) = delete;
+  ~HostReleased();
+};
+void releaseHostStorages();  // on the host: lets go of the storages work has finished with
+
 // The work runs in the inference mode of its launch (its host views are inference tensors or not).
 template <class F>
 void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
+  releaseHostStorages();
   auto body = [inference = c10::InferenceMode::is_enabled(), work = std::move(work)]() mutable {
     c10::InferenceMode mode(inference);
     work();

@@ -116,12 +116,19 @@ class Call {
   WorkPtr done(WorkPtr work, std::vector<at::Tensor> outputs) {
     if (!gloo_) return work;  // another backend took the neuron tensors as they are
     if (activity_ && !outputs.empty()) record(*work, outputs);
-    if (rt::asyncMode() && !outputs.empty()) onStream(work, outputs.front());
+    if (rt::asyncMode() && !outputs.empty() && !pointToPoint()) onStream(work, outputs.front());
     return c10::make_intrusive<NeuronWork>(std::move(work), std::move(outputs),
                                            Collective{name_, group_.getRank(), group_.getSize()}, type_);
   }
 
  private:
+  // A send or receive ends when its peer gets to the matching call, which may come after this rank's
+  // next collective: a stream waiting for it would hold up the wait for the device before that one.
+  // Its result is the caller's once wait() returns, as with gloo on the CPU.
+  bool pointToPoint() const {
+    return type_ == OpType::SEND || type_ == OpType::RECV || type_ == OpType::RECVANYSOURCE;
+  }
+
   // Asynchronous mode: the collective as work of the outputs' current stream, which waits for it to
   // end, as a collective launched on a stream does: work queued after it, and events recorded after
   // it, follow it. Its errors are the caller's, from wait().

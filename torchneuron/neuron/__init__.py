@@ -6,7 +6,6 @@ torchneuron is loaded, and through ``torch.accelerator`` and
 ``torch.get_device_module("neuron")``.
 """
 
-import time
 from functools import lru_cache
 from typing import Any, NamedTuple
 
