@@ -420,18 +420,21 @@ def test_the_allocator_keeps_blocks_per_stream_and_counts_a_pending_free_as_free
     del b, c
     torch.neuron.synchronize()
 
+    def used_on_side_then_freed(x, sleep_ns):   # x used on the side stream behind a sleep, recorded there
+        side.wait_stream(default)
+        with torch.neuron.stream(side):
+            torch.neuron._sleep(sleep_ns)
+            x.add_(x)
+        assert side.query() is False, "precondition: add_ is queued behind the sleep"
+        x.record_stream(side)
+
     # memory_allocated() drops at the free, as on CUDA; the block stays reserved until the stream passes.
     base = torch.neuron.memory_allocated()
     for i in range(5):
         x = torch.full((n,), 1.0, device=dev)
         size = torch.neuron.memory_allocated() - base
         assert size >= 4 * n, size
-        side.wait_stream(default)
-        with torch.neuron.stream(side):
-            torch.neuron._sleep(100_000_000)
-            x.add_(x)
-        assert side.query() is False, "precondition: add_ is queued behind the sleep"
-        x.record_stream(side)
+        used_on_side_then_freed(x, 100_000_000)
         del x
         assert torch.neuron.memory_allocated() == base, (i, torch.neuron.memory_allocated() - base)
         if i == 0:
@@ -442,11 +445,7 @@ def test_the_allocator_keeps_blocks_per_stream_and_counts_a_pending_free_as_free
 
     # empty_cache() waits for the pending free, then releases the block.
     x = torch.full((n,), 1.0, device=dev)
-    with torch.neuron.stream(side):
-        torch.neuron._sleep(300_000_000)
-        x.add_(x)
-    assert side.query() is False, "precondition: add_ is queued behind the sleep"
-    x.record_stream(side)
+    used_on_side_then_freed(x, 300_000_000)
     del x
     pending = torch.neuron.memory_reserved()
     t0 = time.perf_counter()
