@@ -14,15 +14,6 @@
 namespace torchneuron {
 namespace {
 
-at::Tensor makeTensor(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(key), like.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  if (like.is_conj()) out._set_conj(true);
-  if (like.is_neg()) out._set_neg(true);
-  return out;
-}
-
 // Moves the buffer of a CPU storage into device memory of `device`. The
 // storage is left empty; its bytes now belong to the returned DataPtr.
 c10::DataPtr copyHostBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
@@ -46,6 +37,15 @@ c10::DataPtr takeHostBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) 
 
 }  // namespace
 
+at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  if (like.is_conj()) out._set_conj(true);
+  if (like.is_neg()) out._set_neg(true);
+  return out;
+}
+
 // CPU aliases are made for every argument of every op, so each thread keeps
 // a few and reuses one as soon as nothing but the pool holds it.
 constexpr size_t kPoolSize = 8;
@@ -64,7 +64,7 @@ void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
 }
 
 at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
-  return makeTensor(cpu_storage, c10::DispatchKey::CPU, neuron);
+  return tensorOver(cpu_storage, c10::DispatchKey::CPU, neuron);
 }
 
 at::Tensor hostView(const at::Tensor& neuron) {
@@ -82,7 +82,7 @@ at::Tensor hostView(const at::Tensor& neuron) {
       c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
       c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
       c10::GetCPUAllocator(), /*resizable=*/true);
-  at::Tensor alias = makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+  at::Tensor alias = tensorOver(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
   if (empty_slot != nullptr) *empty_slot = alias;
   return alias;
 }
@@ -109,7 +109,7 @@ at::Tensor hostViewHolding(const at::Tensor& neuron) {
                    [](void* ctx) { delete static_cast<Held*>(ctx); }, c10::Device(c10::kCPU));
   auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
                                                     std::move(ptr), nullptr, /*resizable=*/false);
-  return makeTensor(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+  return tensorOver(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
 }
 
 c10::Storage deviceStorageCopy(const c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {
@@ -118,7 +118,7 @@ c10::Storage deviceStorageCopy(const c10::StorageImpl* cpu_storage, c10::DeviceI
 }
 
 at::Tensor deviceTensorOver(c10::Storage storage, const at::Tensor& like) {
-  return makeTensor(std::move(storage), c10::DispatchKey::PrivateUse1, like);
+  return tensorOver(std::move(storage), c10::DispatchKey::PrivateUse1, like);
 }
 
 c10::Storage deviceStorage(c10::StorageImpl* cpu_storage, c10::DeviceIndex device) {

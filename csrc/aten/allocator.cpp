@@ -156,9 +156,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
         }
       }
       if (found != d.cache.end()) {
-        auto it = found;
-        block = it->second;
-        d.cache.erase(it);
+        block = found->second;
+        d.cache.erase(found);
         d.cached_bytes -= size;
       } else {
         void* ptr = nullptr;

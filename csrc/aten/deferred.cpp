@@ -20,7 +20,6 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
-#include <stdexcept>
 #include <utility>
 
 namespace torchneuron {
@@ -76,18 +75,14 @@ struct Queued {
 
   void operator()() {
     at::init_num_threads();  // the worker follows torch.set_num_threads
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-      size_t k = 0;
-      for (const auto& iv : stack) {
-        if (iv.isTensor()) {
-          fill(k++, iv.toTensor());
-        } else if (iv.isTensorList()) {
-          for (const at::Tensor& t : iv.toTensorList()) fill(k++, t);
-        }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    size_t k = 0;
+    for (const auto& iv : stack) {
+      if (iv.isTensor()) {
+        fill(k++, iv.toTensor());
+      } else if (iv.isTensorList()) {
+        for (const at::Tensor& t : iv.toTensorList()) fill(k++, t);
       }
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());  // the message, not the C++ frames
     }
   }
 
@@ -254,14 +249,6 @@ class Deferral {
                                                            c10::GetAllocator(c10::kMeta), true)),
         hostStorageOf(t)});
     return storages_.back();
-  }
-
-  static at::Tensor tensorOver(const c10::Storage& storage, c10::DispatchKey key, const at::Tensor& like) {
-    auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(key), like.dtype());
-    out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-    if (like.is_conj()) out._set_conj(true);
-    if (like.is_neg()) out._set_neg(true);
-    return out;
   }
 
   const c10::OperatorHandle& op_;

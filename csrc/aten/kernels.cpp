@@ -14,8 +14,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <stdexcept>
-
 namespace torchneuron {
 
 TransferStats& transferStats() {
@@ -178,11 +176,7 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
     const bool host_side = !(from_device && to_device);
     enqueue(device, info,
             [cpu_dst, cpu_src, keep = HostReleased{host_side ? (to_device ? self : dst).storage() : c10::Storage()}] {
-              try {
-                cpu_dst.copy_(cpu_src);
-              } catch (const c10::Error& e) {
-                throw std::runtime_error(e.what_without_backtrace());
-              }
+              cpu_dst.copy_(cpu_src);
             });
     return dst;
   }

@@ -23,6 +23,7 @@ using Stack = std::vector<c10::IValue>;
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -77,10 +78,6 @@ decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& b
 // Checks a status of the runtime's waiting calls (synchronize, an event's synchronize): raises for
 // a bad device, and for work run asynchronously that failed, with what failed.
 void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what);
-// Queues `body` (a callable that owns what it needs: host views over device memory, CPU tensors it
-// reads) as work of `device`'s current stream. Synchronous mode: it runs before this returns and its
-// exceptions reach the caller. Asynchronous mode: it runs on the stream's worker later; an exception
-// becomes the device's asynchronous error, raised by the next synchronization.
 // A host storage that queued work keeps alive (a pinned buffer a copy reads or writes). The work
 // may end on a stream's worker; the storage is then let go of by the host, at its next enqueue:
 // Python may know the storage, and its release would need the interpreter's lock, which the host
@@ -94,13 +91,23 @@ struct HostReleased {
 };
 void releaseHostStorages();  // on the host: lets go of the storages work has finished with
 
-// The work runs in the inference mode of its launch (its host views are inference tensors or not).
+// Queues `work` (a callable that owns what it needs: host views over device memory, CPU tensors it
+// reads) as work of `device`'s current stream, in the inference mode of this call (its host views are
+// inference tensors or not). Synchronous mode: it runs before this returns and its exceptions reach
+// the caller. Asynchronous mode: it runs on the stream's worker later; an exception becomes the
+// device's asynchronous error (PyTorch's message, without the C++ frames), raised by the next
+// synchronization.
 template <class F>
 void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
   releaseHostStorages();
   auto body = [inference = c10::InferenceMode::is_enabled(), work = std::move(work)]() mutable {
     c10::InferenceMode mode(inference);
-    work();
+    if (!rt::asyncMode()) return work();
+    try {
+      work();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
   };
   using Body = decltype(body);
   auto* arg = new Body(std::move(body));
@@ -251,6 +258,9 @@ at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& host_st
 // A host view that holds the device memory alive and cannot be resized, for work that keeps it
 // past the call that made it (a collective in flight, inside its access window).
 at::Tensor hostViewHolding(const at::Tensor& neuron);
+// A tensor of dispatch key `key` (CPU: a host view; PrivateUse1: a neuron tensor; Meta: a stand-in)
+// over `storage`, with the sizes, strides, offset, dtype and conjugate and negative bits of `like`.
+at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);
 // A CPU storage over a neuron tensor's device memory that does not own it, for host views that
 // work queued on a stream keeps (hostViewSharing over it): the device memory is referred to by
 // address, as a real kernel's arguments are.
