@@ -123,6 +123,8 @@ def test_two_devices_are_two_processes(tmp_path):
     b = torch.randn(32, 32, device="neuron:1")
     with profile(activities=ACTIVITIES) as prof:
         a.exp()
+        with torch.neuron.device(1):
+            torch.neuron._sleep(50_000_000)  # asynchronous streams: device 1 is still busy at the end
         b.log1p()
     events = trace_events(prof, tmp_path)
     pids = {k["name"]: k["pid"] for k in device_events(events)}

@@ -77,6 +77,11 @@ class Session : public libkineto::IActivityProfilerSession {
   }
 
   void stop() override {
+    // Work queued while recording is part of the profile (as CUPTI records a kernel launched
+    // during the trace): the devices' streams are drained first. Their errors stay for the
+    // program's next synchronization.
+    if (rt::asyncMode())
+      for (int device = 0; device < rt::deviceCount(); ++device) (void)rt::deviceSynchronize(device);
     rt::activityStop();
     records_ = rt::activityDrain();
     status_ = libkineto::TraceStatus::PROCESSING;
