@@ -264,6 +264,9 @@ PyMethodDef kLaunch = {"_launch", reinterpret_cast<PyCFunction>(reinterpret_cast
                        METH_FASTCALL, "_launch(name, device_index, kernel, *args): kernel(*args) as device work."};
 
 }  // namespace
+
+void bindFused(py::module& m);  // fused_binding.cpp
+
 }  // namespace torchneuron
 
 PYBIND11_MODULE(_C, m) {
@@ -273,6 +276,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr e) {
     if (e) torch::translate_exception_to_python(e);
   });
+  bindFused(m);
   registerFastOps();
   preferCpuKernels();
   preferSparseCpuKernels();

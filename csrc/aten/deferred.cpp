@@ -8,8 +8,9 @@
 // over host views of the arguments, and what it returns is copied into those results. Device
 // memory is referred to by address only, as a real kernel's arguments are: a tensor freed while
 // its kernel is queued goes back to the caching allocator, whose blocks belong to a stream.
+#include "deferred.h"
+
 #include "arguments.h"
-#include "neuron.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -64,49 +65,9 @@ bool queueable(const c10::FunctionSchema& schema) {
   return true;
 }
 
-// What the worker runs: the CPU kernel over host views, then its new results copied into the
-// device results allocated at the op.
-struct Queued {
-  c10::OperatorHandle op;
-  torch::jit::Stack stack;                   // the CPU kernel's arguments
-  // Per result: its host view, and whether it is an argument or a view of one (nothing to fill; the
-  // CPU kernel's result must be that memory too).
-  c10::SmallVector<std::pair<at::Tensor, bool>, 2> results;
-
-  void operator()() {
-    at::init_num_threads();  // the worker follows torch.set_num_threads
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    size_t k = 0;
-    for (const auto& iv : stack) {
-      if (iv.isTensor()) {
-        fill(k++, iv.toTensor());
-      } else if (iv.isTensorList()) {
-        for (const at::Tensor& t : iv.toTensorList()) fill(k++, t);
-      }
-    }
-  }
-
-  void fill(size_t k, const at::Tensor& cpu) {
-    if (k >= results.size() || !results[k].first.defined() || !cpu.defined()) return;
-    const auto& [out, alias] = results[k];
-    if (alias) {
-      TORCH_CHECK(cpu.numel() == 0 || cpu.const_data_ptr() == out.const_data_ptr(), op.schema().operator_name(),
-                  ": the meta kernel said a result is an argument or a view of one; the CPU kernel returned other "
-                  "memory (an op to run synchronously: deferred.cpp, metaDisagrees)");
-      return;
-    }
-    if (cpu.data_ptr() == out.data_ptr() && cpu.strides() == out.strides()) return;
-    TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.scalar_type() == out.scalar_type(), op.schema().operator_name(),
-                ": the CPU kernel returned a ", cpu.scalar_type(), " tensor of sizes ", cpu.sizes(),
-                " where the meta kernel said ", out.scalar_type(), " and ", out.sizes(),
-                " (an op to run synchronously: deferred.cpp, metaDisagrees)");
-    out.copy_(cpu);
-  }
-};
-
 class Deferral {
  public:
-  explicit Deferral(const c10::OperatorHandle& op) : op_(op) {}
+  Deferral(const c10::OperatorHandle& op, StandIns& standins) : op_(op), standins_(standins) {}
 
   bool failed() const { return failed_; }
   c10::DeviceIndex device() const { return device_ < 0 ? currentDevice() : device_; }
@@ -199,9 +160,9 @@ class Deferral {
     }
     const auto* storage = m.storage().unsafeGetStorageImpl();
     for (const auto& s : storages_) {  // a view of an argument
-      if (s.meta.unsafeGetStorageImpl() != storage) continue;
+      if (s.standin->meta.unsafeGetStorageImpl() != storage) continue;
       at::Tensor out = deviceTensorOver(s.neuron, m);
-      *fill = hostViewSharing(out, s.host);
+      *fill = hostViewSharing(out, s.standin->host);
       *alias = true;
       return out;
     }
@@ -215,13 +176,18 @@ class Deferral {
     c10::Storage neuron(c10::make_intrusive<c10::StorageImpl>(
         c10::StorageImpl::use_byte_size_t(), nbytes, allocateOn(device(), nbytes), deviceAllocator(), true));
     at::Tensor out = deviceTensorOver(neuron, m);
-    fresh_.push_back(Storages{std::move(neuron), m.storage(), hostStorageOf(out)});
+    fresh_.push_back(Fresh{neuron, m.storage(), hostStorageOf(out)});
+    standins_.made(neuron, StandIn{m.storage(), fresh_.back().host});
     *fill = hostViewSharing(out, fresh_.back().host);
     return out;
   }
 
  private:
-  struct Storages {
+  struct Argument {  // a device storage among the arguments
+    c10::Storage neuron;
+    const StandIn* standin;
+  };
+  struct Fresh {  // a new buffer among the results
     c10::Storage neuron;
     c10::Storage meta;
     c10::Storage host;
@@ -237,39 +203,87 @@ class Deferral {
     return t;
   }
 
-  const Storages& storageFor(const at::Tensor& t) const {
+  const StandIn& storageFor(const at::Tensor& t) const {
     const auto* key = t.storage().unsafeGetStorageImpl();
     for (const auto& s : storages_)
-      if (s.neuron.unsafeGetStorageImpl() == key) return s;
-    const size_t nbytes = t.storage().nbytes();
-    storages_.push_back(Storages{
-        t.storage(),
-        c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                           c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                                                           c10::GetAllocator(c10::kMeta), true)),
-        hostStorageOf(t)});
-    return storages_.back();
+      if (s.neuron.unsafeGetStorageImpl() == key) return *s.standin;
+    const StandIn& standin = standins_.of(t.storage(), t);
+    storages_.push_back(Argument{t.storage(), &standin});
+    return standin;
   }
 
   const c10::OperatorHandle& op_;
-  mutable c10::SmallVector<Storages, 4> storages_;  // per device storage among the arguments
-  c10::SmallVector<Storages, 2> fresh_;             // per new buffer among the results
+  StandIns& standins_;
+  mutable c10::SmallVector<Argument, 4> storages_;  // per device storage among the arguments
+  c10::SmallVector<Fresh, 2> fresh_;                // per new buffer among the results
   c10::SmallVector<Arg, 4> args_;
   c10::SmallVector<std::pair<const c10::TensorImpl*, at::Tensor>, 4> views_;  // host views, per tensor
   c10::DeviceIndex device_ = -1;
   bool failed_ = false;
 };
 
+// One op's stand-ins (asynchronous mode): the op's argument storages, kept while it is deferred.
+class OpStandIns final : public StandIns {
+ public:
+  const StandIn& of(const c10::Storage& neuron, const at::Tensor& like) override {
+    for (const auto& [storage, standin] : entries_)
+      if (storage.unsafeGetStorageImpl() == neuron.unsafeGetStorageImpl()) return standin;
+    entries_.emplace_back(neuron, StandIn{metaStorage(neuron.nbytes()), hostStorageOf(like)});
+    return entries_.back().second;
+  }
+  void made(const c10::Storage&, StandIn) override {}
+
+ private:
+  c10::SmallVector<std::pair<c10::Storage, StandIn>, 4> entries_;
+};
+
 }  // namespace
 
-bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+c10::Storage metaStorage(size_t nbytes) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                                                            c10::GetAllocator(c10::kMeta), true));
+}
+
+void DeferredKernel::operator()() {
+  at::init_num_threads();  // the worker follows torch.set_num_threads
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  size_t k = 0;
+  auto fill = [&](const at::Tensor& cpu) {
+    const size_t i = k++;
+    if (i >= results.size() || !results[i].first.defined() || !cpu.defined()) return;
+    const auto& [out, alias] = results[i];
+    if (alias) {
+      TORCH_CHECK(cpu.numel() == 0 || cpu.const_data_ptr() == out.const_data_ptr(), op.schema().operator_name(),
+                  ": the meta kernel said a result is an argument or a view of one; the CPU kernel returned other "
+                  "memory (an op to run synchronously: deferred.cpp, metaDisagrees)");
+      return;
+    }
+    if (cpu.data_ptr() == out.data_ptr() && cpu.strides() == out.strides()) return;
+    TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.scalar_type() == out.scalar_type(), op.schema().operator_name(),
+                ": the CPU kernel returned a ", cpu.scalar_type(), " tensor of sizes ", cpu.sizes(),
+                " where the meta kernel said ", out.scalar_type(), " and ", out.sizes(),
+                " (an op to run synchronously: deferred.cpp, metaDisagrees)");
+    out.copy_(cpu);
+  };
+  for (const auto& iv : stack) {
+    if (iv.isTensor()) {
+      fill(iv.toTensor());
+    } else if (iv.isTensorList()) {
+      for (const at::Tensor& t : iv.toTensorList()) fill(t);
+    }
+  }
+}
+
+bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& standins, Deferred* out,
+             bool keep_meta) {
   const auto& schema = op.schema();
   // Without a CPU kernel (GPU-only ops), the synchronous path says so at the op.
   if (!queueable(schema) || !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
   const size_t nargs = schema.arguments().size();
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(nargs);
   if (nargs > 0 && metaDisagrees(schema, &*first)) return false;
-  Deferral deferral(op);
+  Deferral deferral(op, standins);
 
   // The meta kernel on stand-ins: the results' sizes, which results are views or in place.
   torch::jit::Stack meta(first, stack->end());
@@ -279,6 +293,7 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (cpu_device || deferral.failed() || deferral.writesOverlap()) return false;
   for (auto& iv : meta)  // a neuron device argument (made the CPU above) stands for the meta device
     if (iv.isDevice()) iv = c10::Device(c10::kMeta);
+  if (keep_meta) out->meta_arguments = meta;
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception&) {
@@ -287,21 +302,22 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!deferral.writesKeepMetadata()) return false;
 
   // The device results, allocated now.
-  Queued queued{op, {}, {}};
+  DeferredKernel& kernel = out->kernel;
+
   torch::jit::Stack results;
   for (auto& iv : meta) {
     if (iv.isTensor()) {
       at::Tensor fill;
       bool alias = false;
       results.emplace_back(deferral.result(iv.toTensor(), &fill, &alias));
-      queued.results.emplace_back(std::move(fill), alias);
+      kernel.results.emplace_back(std::move(fill), alias);
     } else if (iv.isTensorList()) {
       c10::List<at::Tensor> list;
       for (const at::Tensor& t : iv.toTensorList()) {
         at::Tensor fill;
         bool alias = false;
         list.push_back(deferral.result(t, &fill, &alias));
-        queued.results.emplace_back(std::move(fill), alias);
+        kernel.results.emplace_back(std::move(fill), alias);
       }
       results.emplace_back(std::move(list));
     } else {
@@ -309,16 +325,24 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   if (deferral.failed()) return false;
+  if (keep_meta) out->meta_results = std::move(meta);
 
   // The CPU kernel's arguments: host views of the device's memory, copies of CPU scalars.
-  queued.stack.assign(first, stack->end());
+  kernel.stack.assign(first, stack->end());
   convertArguments(
-      op, &queued.stack, [&](const at::Tensor& t, const c10::Argument&, bool) { return deferral.host(t); },
+      op, &kernel.stack, [&](const at::Tensor& t, const c10::Argument&, bool) { return deferral.host(t); },
       [](c10::Device, const c10::Argument&) {});
-  const auto device = deferral.device();
+  out->device = deferral.device();
   stack->erase(first, stack->end());
   for (auto& r : results) stack->push_back(std::move(r));
-  enqueue(device, {rt::ActivityKind::Kernel, kernelName(schema.name())}, std::move(queued));
+  return true;
+}
+
+bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpStandIns standins;
+  Deferred deferred{DeferredKernel{op, {}, {}}, -1, {}, {}};
+  if (!deferOp(op, stack, standins, &deferred, false)) return false;
+  enqueue(deferred.device, {rt::ActivityKind::Kernel, kernelName(op.schema().name())}, std::move(deferred.kernel));
   return true;
 }
 

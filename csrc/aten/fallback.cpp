@@ -221,6 +221,7 @@ class Call {
 }  // namespace
 
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (fusedRecording() && recordOp(op, stack)) return;       // recorded into the fused group; results allocated
   if (rt::asyncMode() && enqueueOp(op, stack)) return;  // queued on the stream; results allocated
   Call call(op);
   call.convertArguments(stack);

@@ -8,6 +8,7 @@
 #include "neuron.h"
 
 #include <ATen/Operators.h>
+#include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -73,12 +74,22 @@ decltype(auto) cpuKernel(c10::DeviceIndex device, Args&&... args) {
   });
 }
 
+// Fused eager records every op through the boxed fallback (fused.cpp).
+template <class Op, class R, class... Args>
+R throughFallback(Args... args) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+  neuronFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  return c10::impl::PopResult<R>::call(stack);
+}
+
 template <class Op, class Schema = typename Op::schema>
 struct Fast;
 
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
+    if (fusedRecording()) return throughFallback<Op, at::Tensor, Args...>(args...);
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
@@ -134,6 +145,7 @@ template <class Op, class... Outs, class... Args>
 struct Fast<Op, std::tuple<Outs...>(Args...)> {
   static_assert((std::is_same_v<Outs, at::Tensor> && ...), "only ops returning tensors");
   static std::tuple<Outs...> call(Args... args) {
+    if (fusedRecording()) return throughFallback<Op, std::tuple<Outs...>, Args...>(args...);
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
@@ -147,6 +159,11 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor&(Args...)> {
   static at::Tensor& call(Args... args) {
+    if (fusedRecording()) {
+      at::Tensor& out = outArgument<Args...>(args...);
+      throughFallback<Op, at::Tensor, Args...>(args...);
+      return out;
+    }
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);

@@ -125,6 +125,19 @@ void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
 // nested tensors, an out= argument resized, anything the meta kernel refuses.
 bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// ---- fused eager (fused.cpp; the graph compiler's side in fused.h) ----------
+// TORCHNEURON_EAGER=fused, torch.neuron.set_eager_mode("fused"): ops on neuron tensors are recorded
+// into a group instead of run; the group runs when the host needs the device (a cut: anything that
+// reaches the runtime, see rt::handOverHeldWork), as one compiled graph once seen often enough.
+extern std::atomic<bool> fused_mode;
+inline bool fusedMode() { return fused_mode.load(std::memory_order_relaxed); }
+bool fusedRecording();  // fused mode, and not inside a running group (whose own ops run at once)
+void setFusedMode(bool on);  // turning it off runs the pending group first
+// Records a boxed op (its results allocated now, as in enqueueOp). False when it must run now.
+bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Runs the pending group, if any; `reason` is what needs it (for the report).
+void flushFused(const char* reason);
+
 // The device a kernel's argument puts it on: a neuron tensor's, else none (-1).
 inline c10::DeviceIndex neuronDeviceOf(const at::Tensor& t) {
   return t.defined() && t.device().type() == kNeuron ? t.device().index() : c10::DeviceIndex(-1);

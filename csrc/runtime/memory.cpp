@@ -342,9 +342,10 @@ Status memGetInfo(int device, size_t* free_bytes, size_t* total_bytes) {
   return Status::Success;
 }
 
-Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind /*kind*/) {
+Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind) {
   if (nbytes == 0) return Status::Success;
   if (dst == nullptr || src == nullptr) return Status::InvalidValue;
+  if (kind != CopyKind::HostToHost) handOverHeldWork("copy");
   DeviceAccess access;  // strict mode: a copy may touch device memory
   std::memmove(dst, src, nbytes);
   return Status::Success;

@@ -117,6 +117,18 @@ Status eventSynchronize(Event event);
 int eventDevice(Event event);                     // the device of its last record (-1: none)
 Status eventElapsedTime(float* ms, Event start, Event end);  // NotReady until both have happened
 
+// ---- work held back above the runtime ---------------------------------------
+// A layer above may hold work back before handing it to the runtime (fused eager records ops and
+// runs them later as one kernel). The runtime calls the hook, with what it is about to do, before it
+// accepts anything from the host that must come after that work: a launch, a copy, a stream's wait
+// or query, a device synchronization. The hook hands the held work over (through these same calls).
+using HeldWorkHook = void (*)(const char* what);
+void setHeldWorkHook(HeldWorkHook hook);
+extern std::atomic<HeldWorkHook> held_work_hook;
+inline void handOverHeldWork(const char* what) {
+  if (auto hook = held_work_hook.load(std::memory_order_acquire)) hook(what);
+}
+
 // Work on a stream: fn(arg). `info` says what the work is, for the activity
 // records below (its name is copied).
 using KernelFn = void (*)(void* arg);

@@ -198,6 +198,9 @@ Status deviceStatus(int device) { return hasError(device) ? Status::KernelFailed
 
 }  // namespace
 
+std::atomic<HeldWorkHook> held_work_hook{nullptr};
+void setHeldWorkHook(HeldWorkHook hook) { held_work_hook.store(hook, std::memory_order_release); }
+
 bool asyncMode() {
   static const bool on = [] {
     const char* env = std::getenv("TORCHNEURON_ASYNC");
@@ -237,6 +240,7 @@ struct EventImpl {
 
 Status streamSynchronize(int device, Stream stream) {
   if (!validDevice(device)) return Status::InvalidDevice;
+  handOverHeldWork("stream synchronize");
   if (asyncMode()) {
     StreamState* s = streamState(device, stream);
     s->waitFor(submittedSoFar(s));
@@ -246,6 +250,7 @@ Status streamSynchronize(int device, Stream stream) {
 
 Status deviceSynchronize(int device) {
   if (!validDevice(device)) return Status::InvalidDevice;
+  handOverHeldWork("synchronize");
   if (asyncMode()) {
     std::vector<StreamState*> streams;
     {
@@ -261,6 +266,7 @@ Status deviceSynchronize(int device) {
 
 Status streamQuery(int device, Stream stream) {
   if (!validDevice(device)) return Status::InvalidDevice;
+  handOverHeldWork("stream query");
   if (!asyncMode()) return Status::Success;
   StreamState* s = streamState(device, stream);
   std::lock_guard<std::mutex> lock(s->mutex);
@@ -269,6 +275,7 @@ Status streamQuery(int device, Stream stream) {
 
 Status streamWaitEvent(int device, Stream stream, Event event) {
   if (!validDevice(device)) return Status::InvalidDevice;
+  handOverHeldWork("wait_event");
   if (event == nullptr) return Status::InvalidValue;
   if (!asyncMode() || !event->recorded || event->done()) return Status::Success;
   // A piece of work on `stream` that waits for the event's marker.
@@ -353,6 +360,7 @@ Status eventElapsedTime(float* ms, Event start, Event end) {
 Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
+  handOverHeldWork(info.name);
   if (asyncMode()) {
     const Status waited = streamSynchronize(device, stream);
     if (waited != Status::Success) return waited;
@@ -380,6 +388,7 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
     if (drop != nullptr) drop(arg);
     return validDevice(device) ? Status::InvalidValue : Status::InvalidDevice;
   }
+  handOverHeldWork(info.name);
   if (!asyncMode()) {
     struct Dropping {
       KernelDrop drop;

@@ -1,0 +1,396 @@
+// Fused eager: ops on neuron tensors recorded into a group instead of run; the group runs at a cut,
+// as one compiled graph once the same group has been seen often enough, else op by op.
+//
+// Recording is the asynchronous mode's deferral (deferred.cpp) with one table of stand-ins for the
+// whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
+// its CPU kernel is kept for later. A group is cut when anything reaches the runtime (a launch that
+// is not recorded, a copy, a synchronization: rt::handOverHeldWork), when the device or stream
+// changes, and at a size bound: cut points follow the program's order of ops alone, never timing.
+//
+// A group is known by its signature: its ops, their non-tensor arguments, their tensors' sizes,
+// strides, offsets and dtypes, which storages they share, and which of the storages the group made
+// are still referred to when it runs. The compiled graph (torchneuron/compile/fused.py) reads the
+// storages from before the group and writes those still referred to; the others (intermediates)
+// live only inside it. A group seen too seldom, or that does not compile, runs op by op, exactly as
+// the ops would have run.
+#include "fused.h"
+
+#include <ATen/Context.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstring>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+namespace torchneuron {
+
+std::atomic<bool> fused_mode{false};
+
+namespace {
+
+thread_local bool running_group = false;  // recording is off while a group runs (its own ops run)
+
+struct Slot {  // a storage the group's ops touch
+  c10::Storage before;                               // from before the group: kept until it runs
+  c10::weak_intrusive_ptr<c10::StorageImpl> made{c10::intrusive_ptr<c10::StorageImpl>()};  // made by it
+  StandIn standin;
+  int index = -1;  // in order of first use by a recorded op
+  caffe2::TypeMeta dtype;
+  bool is_made = false;
+};
+
+class Group final : public StandIns {
+ public:
+  const StandIn& of(const c10::Storage& neuron, const at::Tensor& like) override {
+    auto it = by_storage_.find(neuron.unsafeGetStorageImpl());
+    if (it != by_storage_.end()) return it->second->standin;
+    slots_.push_back(Slot{neuron, c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()),
+                          StandIn{metaStorage(neuron.nbytes()), hostStorageOf(like)}});
+    return add(neuron.unsafeGetStorageImpl());
+  }
+
+  void made(const c10::Storage& neuron, StandIn standin) override {
+    slots_.push_back(Slot{c10::Storage(), c10::weak_intrusive_ptr<c10::StorageImpl>(neuron.getWeakStorageImpl()),
+                          std::move(standin)});
+    slots_.back().is_made = true;
+    add(neuron.unsafeGetStorageImpl());
+  }
+
+  bool empty() const { return ops_.empty(); }
+  size_t size() const { return ops_.size(); }
+  c10::DeviceIndex device() const { return device_; }
+  c10::StreamId stream() const { return stream_; }
+
+  void start(c10::DeviceIndex device, c10::StreamId stream) {
+    device_ = device;
+    stream_ = stream;
+  }
+
+  void append(Deferred op) {
+    tokens_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.kernel.op.schema())));
+    for (const auto& iv : op.meta_arguments) token(iv);
+    tokens_.push_back(-1);
+    for (const auto& iv : op.meta_results) token(iv);
+    tokens_.push_back(-2);
+    ops_.push_back(std::move(op));
+  }
+
+  // The signature, with which of the storages it made are still referred to.
+  std::vector<int64_t> signature() const {
+    std::vector<int64_t> key = tokens_;
+    key.push_back(-3);
+    for (const Slot* s : ordered_) key.push_back(s->is_made ? (alive(*s) ? 1 : 0) : 2);
+    return key;
+  }
+
+  FusedDescription describe() const {
+    FusedDescription d;
+    for (const auto& op : ops_) d.ops.push_back(&op);
+    for (const Slot* s : ordered_) {
+      d.storages.push_back(flat(s->standin.meta, s->dtype, c10::DispatchKey::Meta));
+      d.made.push_back(s->is_made);
+      d.input.push_back(!s->is_made || alive(*s));
+    }
+    return d;
+  }
+
+  // The compiled graph's inputs: flat neuron tensors over the storages it reads or writes.
+  std::vector<at::Tensor> inputs() const {
+    std::vector<at::Tensor> in;
+    for (const Slot* s : ordered_) {
+      if (!s->is_made) {
+        in.push_back(flat(s->before, s->dtype, c10::DispatchKey::PrivateUse1));
+      } else if (auto strong = s->made.lock()) {
+        in.push_back(flat(c10::Storage(std::move(strong)), s->dtype, c10::DispatchKey::PrivateUse1));
+      }
+    }
+    return in;
+  }
+
+  bool compilable() const { return compilable_; }
+  std::vector<Deferred>& ops() { return ops_; }
+
+ private:
+  static bool alive(const Slot& s) { return !s.made.expired(); }
+
+  static at::Tensor flat(c10::Storage storage, caffe2::TypeMeta dtype, c10::DispatchKey key) {
+    const auto n = static_cast<int64_t>(storage.nbytes() / dtype.itemsize());
+    auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), dtype);
+    t.unsafeGetTensorImpl()->set_sizes_contiguous({n});
+    return t;
+  }
+
+  const StandIn& add(const c10::StorageImpl* key) {
+    Slot* slot = &slots_.back();
+    by_storage_[key] = slot;
+    by_meta_[slot->standin.meta.unsafeGetStorageImpl()] = slot;
+    return slot->standin;
+  }
+
+  void token(const c10::IValue& iv) {
+    if (iv.isTensor()) {
+      const at::Tensor& t = iv.toTensor();
+      if (!t.defined()) return tokens_.push_back(3);
+      if (!t.is_meta()) {  // a CPU scalar: its value is part of the op
+        tokens_.push_back(2);
+        tokens_.push_back(static_cast<int64_t>(t.scalar_type()));
+        const double v = t.is_complex() ? 0.0 : t.item<double>();
+        if (t.is_complex()) compilable_ = false;
+        int64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        return tokens_.push_back(bits);
+      }
+      auto it = by_meta_.find(t.storage().unsafeGetStorageImpl());
+      if (it == by_meta_.end()) {  // a meta kernel's scratch (no device storage): nothing to compile
+        compilable_ = false;
+        return tokens_.push_back(4);
+      }
+      Slot& s = *it->second;
+      if (s.index < 0) {
+        s.index = static_cast<int>(ordered_.size());
+        s.dtype = t.dtype();
+        ordered_.push_back(&s);
+        if (s.standin.meta.nbytes() % t.dtype().itemsize() != 0) compilable_ = false;
+      } else if (s.dtype != t.dtype()) {
+        compilable_ = false;  // one storage read as two dtypes
+      }
+      if (t.is_conj() || t.is_neg()) compilable_ = false;
+      tokens_.push_back(1);
+      tokens_.push_back(s.index);
+      tokens_.push_back(static_cast<int64_t>(t.scalar_type()));
+      tokens_.push_back(t.dim());
+      for (auto v : t.sizes()) tokens_.push_back(v);
+      for (auto v : t.strides()) tokens_.push_back(v);
+      return tokens_.push_back(t.storage_offset());
+    }
+    if (iv.isNone()) return tokens_.push_back(5);
+    if (iv.isBool() || iv.isInt()) {
+      tokens_.push_back(6);
+      return tokens_.push_back(iv.isBool() ? int64_t(iv.toBool()) : iv.toInt());
+    }
+    if (iv.isDouble()) {
+      tokens_.push_back(7);
+      const double v = iv.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      return tokens_.push_back(bits);
+    }
+    if (iv.isString()) {
+      tokens_.push_back(8);
+      return tokens_.push_back(static_cast<int64_t>(std::hash<std::string_view>()(iv.toStringView())));
+    }
+    if (iv.isDevice()) {
+      tokens_.push_back(9);
+      return tokens_.push_back(static_cast<int64_t>(iv.toDevice().type()) * 1024 + iv.toDevice().index());
+    }
+    if (iv.isList()) {
+      const auto list = iv.toListRef();
+      tokens_.push_back(10);
+      tokens_.push_back(static_cast<int64_t>(list.size()));
+      for (const auto& e : list) token(e);
+      return;
+    }
+    compilable_ = false;  // complex scalars, tuples, ...: run op by op
+    tokens_.push_back(11);
+    tokens_.push_back(static_cast<int64_t>(iv.tagKind().size()));
+  }
+
+  std::deque<Slot> slots_;
+  std::unordered_map<const c10::StorageImpl*, Slot*> by_storage_;
+  std::unordered_map<const c10::StorageImpl*, Slot*> by_meta_;
+  std::vector<Slot*> ordered_;
+  std::vector<Deferred> ops_;
+  std::vector<int64_t> tokens_;
+  c10::DeviceIndex device_ = -1;
+  c10::StreamId stream_ = 0;
+  bool compilable_ = true;
+};
+
+struct SignatureHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    size_t h = v.size();
+    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct Known {  // a signature seen before
+  FusedGroupStats stats;
+  std::shared_ptr<void> graph;
+  bool failed = false;
+};
+
+struct State {
+  std::recursive_mutex mutex;
+  std::unique_ptr<Group> group = std::make_unique<Group>();
+  std::unordered_map<std::vector<int64_t>, Known, SignatureHash> known;
+  std::vector<const Known*> order;  // for the report, first seen first
+  std::map<std::string, int64_t> cuts;
+  int64_t recorded = 0;
+  FusedCompile compile = nullptr;
+  FusedRun run = nullptr;
+};
+
+State& state() {
+  static State* s = new State();  // lives until exit (groups may run at exit)
+  return *s;
+}
+
+std::atomic<bool> pending{false};
+
+void handOver(const char* what) {
+  if (pending.load(std::memory_order_acquire)) flushFused(what);
+}
+
+c10::DeviceIndex deviceOfArguments(const torch::jit::Stack& stack, size_t nargs) {
+  for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
+    const auto& iv = stack[i];
+    if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kNeuron)
+      return iv.toTensor().device().index();
+  }
+  return currentDevice();
+}
+
+std::vector<std::string> firstOps(const std::vector<Deferred>& ops) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ops.size() && i < 8; ++i) names.push_back(kernelName(ops[i].kernel.op.schema().name()));
+  return names;
+}
+
+void runGroup(State& st, Group& g, const char* reason) {
+  st.cuts[reason != nullptr ? reason : "cut"]++;
+  auto key = g.signature();
+  auto [it, fresh] = st.known.try_emplace(std::move(key));
+  Known& known = it->second;
+  if (fresh) {
+    known.stats.ops = g.size();
+    known.stats.first_cut = reason != nullptr ? reason : "cut";
+    known.stats.op_names = firstOps(g.ops());
+    st.order.push_back(&known);
+  }
+  known.stats.seen++;
+  const auto& config = fusedConfig();
+  if (!known.graph && !known.failed && known.stats.seen >= config.compile_after &&
+      static_cast<int64_t>(g.size()) >= config.min_ops && st.compile != nullptr) {
+    if (!g.compilable()) {
+      known.failed = true;
+      known.stats.error = "an argument the graph compiler does not take (a storage read as two dtypes, a complex "
+                          "scalar, a conjugate view, ...)";
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      std::string error;
+      FusedDescription description = g.describe();
+      description.inputs = g.inputs();
+      known.graph = st.compile(description, &error);
+      known.stats.compile_ns +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      known.stats.compiled = known.graph != nullptr;
+      if (!known.graph) {
+        known.failed = true;
+        known.stats.error = error;
+      }
+    }
+  }
+  c10::StreamGuard guard(c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, g.device()), g.stream()));
+  if (known.graph) {
+    auto inputs = g.inputs();
+    st.run(known.graph.get(), inputs);
+    known.stats.fused_runs++;
+    return;
+  }
+  for (auto& op : g.ops()) {
+    const char* name = kernelName(op.kernel.op.schema().name());
+    try {
+      enqueue(op.device, {rt::ActivityKind::Kernel, name}, std::move(op.kernel));
+    } catch (c10::Error& e) {
+      e.add_context(std::string("fused eager: the error comes from ") + name +
+                    ", recorded earlier and run when its group was cut by " + (reason ? reason : "a cut") +
+                    "; TORCHNEURON_EAGER=op raises it at the op");
+      throw;
+    }
+  }
+}
+
+}  // namespace
+
+bool fusedRecording() { return fusedMode() && !running_group; }
+
+FusedConfig& fusedConfig() {
+  static FusedConfig config;
+  return config;
+}
+
+void setFusedHooks(FusedCompile compile, FusedRun run) {
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  st.compile = compile;
+  st.run = run;
+}
+
+void setFusedMode(bool on) {
+  static std::once_flag hook;
+  std::call_once(hook, [] { rt::setHeldWorkHook(&handOver); });
+  if (!on) flushFused("eager mode op");
+  fused_mode.store(on, std::memory_order_relaxed);
+}
+
+bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (running_group || at::globalContext().deterministicAlgorithms()) return false;
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  const auto device = deviceOfArguments(*stack, op.schema().arguments().size());
+  const auto stream = currentStream(device).id();
+  if (!st.group->empty() && (st.group->device() != device || st.group->stream() != stream))
+    flushFused("another device or stream");
+  Group& g = *st.group;
+  Deferred d{DeferredKernel{op, {}, {}}, -1, {}, {}};
+  if (!deferOp(op, stack, g, &d, true)) {
+    if (g.empty()) st.group = std::make_unique<Group>();  // lets go of the storages it looked at
+    return false;
+  }
+  if (g.empty()) g.start(d.device, stream);
+  g.append(std::move(d));
+  st.recorded++;
+  pending.store(true, std::memory_order_release);
+  if (static_cast<int64_t>(g.size()) >= fusedConfig().max_ops) flushFused("size bound");
+  return true;
+}
+
+void flushFused(const char* reason) {
+  if (running_group) return;
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  if (st.group->empty()) return;
+  std::unique_ptr<Group> group = std::exchange(st.group, std::make_unique<Group>());
+  pending.store(false, std::memory_order_release);
+  struct Running {
+    Running() { running_group = true; }
+    ~Running() { running_group = false; }
+  } running;
+  runGroup(st, *group, reason);
+}
+
+FusedStats fusedStats() {
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  FusedStats s;
+  for (const Known* k : st.order) s.groups.push_back(k->stats);
+  s.cuts = st.cuts;
+  s.recorded_ops = st.recorded;
+  return s;
+}
+
+void resetFusedStats() {
+  flushFused("reset");
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  st.known.clear();
+  st.order.clear();
+  st.cuts.clear();
+  st.recorded = 0;
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,58 @@
+// Fused eager (fused.cpp): what the Python binding needs to compile and run a recorded group.
+#pragma once
+
+#include "deferred.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchneuron {
+
+// A recorded group, as the graph compiler sees it: its ops in order (arguments and results as meta
+// stand-ins) and its storages (each a flat meta tensor over its stand-in storage, in the dtype its
+// ops use). The compiled graph takes one flat neuron tensor for each `input` storage, in order:
+// the storages from before the group, and those it made that are still alive when it runs (it
+// writes them); storages it made that nothing refers to any more stay inside the graph.
+struct FusedDescription {
+  std::vector<const Deferred*> ops;
+  std::vector<at::Tensor> storages;
+  std::vector<bool> made;
+  std::vector<bool> input;
+  std::vector<at::Tensor> inputs;  // the inputs of this run (examples for the compiler)
+};
+
+// The hooks the binding installs: compile a description (nullptr and `error` set when it cannot),
+// and run a compiled graph on its inputs.
+using FusedCompile = std::shared_ptr<void> (*)(const FusedDescription& group, std::string* error);
+using FusedRun = void (*)(void* graph, std::vector<at::Tensor>& inputs);
+void setFusedHooks(FusedCompile compile, FusedRun run);
+
+// What happened so far (torchneuron.compile.fused_report()).
+struct FusedGroupStats {
+  size_t ops = 0;
+  int64_t seen = 0;          // times the group was cut
+  int64_t fused_runs = 0;    // ... and ran as its compiled graph
+  int64_t compile_ns = 0;
+  bool compiled = false;
+  std::string error;         // why it is not compiled, if it was tried
+  std::string first_cut;     // what cut it the first time
+  std::vector<std::string> op_names;  // the first ops (for the report)
+};
+struct FusedStats {
+  std::vector<FusedGroupStats> groups;
+  std::map<std::string, int64_t> cuts;  // what cut groups, how often
+  int64_t recorded_ops = 0;
+};
+FusedStats fusedStats();
+void resetFusedStats();  // also forgets the compiled groups
+
+struct FusedConfig {
+  int64_t compile_after = 2;  // a group is compiled the time it is seen this often
+  int64_t min_ops = 2;         // smaller groups always run op by op
+  int64_t max_ops = 4096;      // a group is cut when it has this many ops
+};
+FusedConfig& fusedConfig();
+
+}  // namespace torchneuron

@@ -1,0 +1,158 @@
+// The Python side of fused eager: the mode, the report, and the hooks that hand a recorded group to
+// torchneuron.compile.fused (which builds and compiles its graph) and run what it returns.
+#include "aten/fused.h"
+
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+
+namespace torchneuron {
+namespace {
+
+py::object* compiler = nullptr;  // torchneuron.compile.fused.compile_group, set by Python (kept until exit)
+
+c10::TypeKind elementKind(const c10::TypePtr& type) {
+  const c10::Type* t = type.get();
+  if (t->kind() == c10::TypeKind::OptionalType) t = static_cast<const c10::OptionalType*>(t)->getElementType().get();
+  return t->kind();
+}
+
+py::object toPython(const c10::IValue& iv, c10::TypeKind kind) {
+  if (iv.isNone()) return py::none();
+  if (iv.isTensor()) {
+    const at::Tensor& t = iv.toTensor();
+    if (!t.defined()) return py::none();
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // a Python number, promoting as one
+      if (t.is_floating_point()) return py::float_(t.item<double>());
+      if (t.scalar_type() == c10::kBool) return py::bool_(t.item<bool>());
+      if (!t.is_complex()) return py::int_(t.item<int64_t>());
+    }
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+  }
+  if (iv.isInt()) {
+    if (kind == c10::TypeKind::ScalarTypeType)
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(iv.toScalarType())));
+    if (kind == c10::TypeKind::LayoutType)
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(iv.toLayout())));
+    if (kind == c10::TypeKind::MemoryFormatType)
+      return py::reinterpret_borrow<py::object>(torch::utils::getTHPMemoryFormat(iv.toMemoryFormat()));
+    return py::int_(iv.toInt());
+  }
+  if (iv.isBool()) return py::bool_(iv.toBool());
+  if (iv.isDouble()) return py::float_(iv.toDouble());
+  if (iv.isComplexDouble()) {
+    const auto c = iv.toComplexDouble();
+    return py::reinterpret_steal<py::object>(PyComplex_FromDoubles(c.real(), c.imag()));
+  }
+  if (iv.isString()) return py::str(std::string(iv.toStringView()));
+  if (iv.isDevice()) return py::cast(iv.toDevice());
+  if (iv.isList()) {
+    py::list out;
+    for (const auto& e : iv.toListRef()) out.append(toPython(e, kind));
+    return out;
+  }
+  TORCH_CHECK(false, "fused eager: an argument of kind ", iv.tagKind(), " the graph compiler does not take");
+}
+
+py::list values(const torch::jit::Stack& stack, const std::vector<c10::Argument>& schema) {
+  py::list out;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    const auto kind = i < schema.size() ? elementKind(schema[i].type()) : c10::TypeKind::AnyType;
+    out.append(toPython(stack[i], kind));
+  }
+  return out;
+}
+
+std::shared_ptr<void> compileGroup(const FusedDescription& group, std::string* error) {
+  py::gil_scoped_acquire gil;
+  if (compiler == nullptr || !*compiler) {
+    *error = "no graph compiler";
+    return nullptr;
+  }
+  try {
+    py::list ops;
+    for (const Deferred* d : group.ops) {
+      const auto& schema = d->kernel.op.schema();
+      ops.append(py::make_tuple(schema.name(), schema.overload_name(), values(d->meta_arguments, schema.arguments()),
+                                values(d->meta_results, schema.returns())));
+    }
+    py::list storages;
+    for (size_t i = 0; i < group.storages.size(); ++i)
+      storages.append(py::make_tuple(py::reinterpret_steal<py::object>(THPVariable_Wrap(group.storages[i])),
+                                     bool(group.made[i]), bool(group.input[i])));
+    py::list inputs;
+    for (const auto& t : group.inputs) inputs.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
+    py::object graph = (*compiler)(ops, storages, inputs);
+    return std::shared_ptr<void>(new py::object(std::move(graph)), [](void* p) {
+      if (!Py_IsInitialized()) return;  // at exit: left to the interpreter
+      py::gil_scoped_acquire gil;
+      delete static_cast<py::object*>(p);
+    });
+  } catch (py::error_already_set& e) {
+    *error = e.what();
+  } catch (const std::exception& e) {
+    *error = e.what();
+  }
+  return nullptr;
+}
+
+void runGraph(void* graph, std::vector<at::Tensor>& inputs) {
+  py::gil_scoped_acquire gil;
+  py::list args;
+  for (auto& t : inputs) args.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))));
+  try {
+    (*static_cast<py::object*>(graph))(args);
+  } catch (py::error_already_set& e) {
+    TORCH_CHECK(false, "fused eager: a compiled group failed: ", e.what());
+  }
+}
+
+py::dict stats() {
+  const FusedStats s = fusedStats();
+  py::list groups;
+  for (const auto& g : s.groups) {
+    py::dict d;
+    d["ops"] = g.ops;
+    d["seen"] = g.seen;
+    d["fused_runs"] = g.fused_runs;
+    d["compiled"] = g.compiled;
+    d["compile_seconds"] = double(g.compile_ns) * 1e-9;
+    d["error"] = g.error;
+    d["first_cut"] = g.first_cut;
+    d["first_ops"] = g.op_names;
+    groups.append(d);
+  }
+  py::dict out;
+  out["groups"] = groups;
+  out["cuts"] = s.cuts;
+  out["recorded_ops"] = s.recorded_ops;
+  return out;
+}
+
+}  // namespace
+
+void bindFused(py::module& m) {
+  m.def("_set_fused_mode", [](bool on) {
+    py::gil_scoped_release release;  // the pending group may run
+    setFusedMode(on);
+  });
+  m.def("_fused_mode", &fusedMode);
+  m.def("_fused_flush", [] { flushFused("flush"); });
+  m.def("_fused_stats", &stats);
+  m.def("_fused_reset", &resetFusedStats);
+  m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops) {
+    auto& c = fusedConfig();
+    if (compile_after > 0) c.compile_after = compile_after;
+    if (min_ops > 0) c.min_ops = min_ops;
+    if (max_ops > 0) c.max_ops = max_ops;
+    return py::make_tuple(c.compile_after, c.min_ops, c.max_ops);
+  });
+  m.def("_set_fused_compiler", [](py::object fn) {
+    if (compiler == nullptr) compiler = new py::object();
+    *compiler = std::move(fn);
+    setFusedHooks(&compileGroup, &runGraph);
+  });
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,178 @@
+"""Fused eager's graph compiler: a recorded group of ops becomes one graph, compiled by the same
+Inductor pipeline as ``torch.compile(backend="neuron")``.
+
+The C++ core records ops on neuron tensors (``csrc/aten/fused.cpp``) and, once a group has been
+seen often enough, hands it here: its ops in order, their arguments and results as meta tensors,
+and its storages. The graph is written in the ops' own terms, in-place ops and ``out=`` included:
+
+* each storage the group reads from before it, or that it made and something still refers to, is
+  a flat input tensor (the compiled graph writes the second kind, and whatever it changes of the
+  first: AOTAutograd's functionalization turns the writes into its input mutations);
+* a storage the group made that nothing refers to any more is a value inside the graph, which
+  Inductor fuses away;
+* a tensor argument is its producer's result when it has the same sizes, strides and offset, else
+  ``as_strided`` over its storage.
+
+:func:`compile_group` returns the callable the core runs the group with: ``run(inputs)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+__all__ = ["compile_group", "build_graph"]
+
+log = logging.getLogger("torchneuron")
+aten = torch.ops.aten
+
+
+class _Builder:
+    """Writes one recorded group as an FX graph."""
+
+    def __init__(self, storages: Sequence[tuple[torch.Tensor, bool, bool]], device: torch.device) -> None:
+        self.graph = fx.Graph()
+        self.device = device
+        self.index = {flat.untyped_storage()._cdata: i for i, (flat, _, _) in enumerate(storages)}
+        self.flat = [flat for flat, _, _ in storages]
+        self.made = [made for _, made, _ in storages]
+        self.placeholders: dict[int, fx.Node] = {}
+        self.base: dict[int, fx.Node] = {}  # storage -> its current flat value
+        self.exact: dict[tuple, fx.Node] = {}  # (storage, sizes, strides, offset) -> a node of that layout
+        self.made_by: dict[int, int] = {}  # storage -> the op that made it
+        for i, (_, made, is_input) in enumerate(storages):
+            if is_input:
+                self.placeholders[i] = self.graph.placeholder(f"storage{i}")
+                if not made:
+                    self.base[i] = self.placeholders[i]
+
+    def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
+        return self.graph.call_function(target, args, kwargs)
+
+    def storage(self, t: torch.Tensor) -> int:
+        return self.index[t.untyped_storage()._cdata]
+
+    @staticmethod
+    def layout(i: int, t: torch.Tensor) -> tuple:
+        return (i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+    def read(self, t: torch.Tensor) -> fx.Node:
+        if t.device.type != "meta":  # a CPU scalar tensor
+            return self.call(aten.scalar_tensor.default, t.item(), dtype=t.dtype)
+        i = self.storage(t)
+        key = self.layout(i, t)
+        node = self.exact.get(key)
+        if node is None:
+            node = self.call(aten.as_strided.default, self.base[i], list(t.shape), list(t.stride()), t.storage_offset())
+            self.exact[key] = node
+        return node
+
+    def value(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return self.read(v)
+        if isinstance(v, (list, tuple)):
+            return [self.value(e) for e in v]
+        if isinstance(v, torch.device) and v.type == "meta":
+            return self.device
+        return v
+
+    def result(self, op_index: int, r: torch.Tensor, node: fx.Node) -> None:
+        i = self.storage(r)
+        key = self.layout(i, r)
+        n = self.flat[i].numel()
+        if self.made[i] and i not in self.base:  # the op made this storage
+            self.made_by[i] = op_index
+            covers = (r.storage_offset() == 0 and r.numel() == n and is_non_overlapping_and_dense(r))
+            if covers and r.is_contiguous():
+                self.base[i] = self.call(aten.view.default, node, [n])
+            elif covers:
+                self.base[i] = self.call(aten.as_strided.default, node, [n], [1], 0)
+            else:
+                empty = self.call(aten.empty.memory_format, [n], dtype=self.flat[i].dtype, device=self.device)
+                self.base[i] = self.call(aten.as_strided_scatter.default, empty, node, list(r.shape),
+                                         list(r.stride()), r.storage_offset())
+                return
+            self.exact[key] = node
+        elif self.made[i] and self.made_by.get(i) == op_index:  # another result on the buffer the op made
+            self.base[i] = self.call(aten.as_strided_scatter.default, self.base[i], node, list(r.shape),
+                                     list(r.stride()), r.storage_offset())
+            self.exact = {k: v for k, v in self.exact.items() if k[0] != i}
+        else:  # in place, or a view of an argument
+            self.exact.setdefault(key, node)
+
+    def op(self, op_index: int, name: str, overload: str, args: list, results: list) -> None:
+        packet = getattr(aten, name.split("::", 1)[1])
+        target = getattr(packet, overload or "default")
+        schema = target._schema
+        positional, kwargs = [], {}
+        for a, v in zip(schema.arguments, args):
+            v = self.value(v)
+            if a.kwarg_only:
+                kwargs[a.name] = v
+            else:
+                positional.append(v)
+        node = self.graph.call_function(target, tuple(positional), kwargs)
+        returns = schema.returns
+        for j, r in enumerate(results):
+            out = node if len(returns) == 1 else self.call(_getitem, node, j)
+            if isinstance(r, (list, tuple)):
+                for k, e in enumerate(r):
+                    if isinstance(e, torch.Tensor):
+                        self.result(op_index, e, self.call(_getitem, out, k))
+            elif isinstance(r, torch.Tensor):
+                self.result(op_index, r, out)
+
+    def finish(self) -> fx.GraphModule:
+        for i, ph in self.placeholders.items():
+            if self.made[i]:
+                self.call(aten.copy_.default, ph, self.base[i])
+        self.graph.output(())
+        return fx.GraphModule(torch.nn.Module(), self.graph)
+
+
+def _getitem(x: Any, i: int) -> Any:
+    return x[i]
+
+
+def build_graph(ops: Sequence[tuple], storages: Sequence[tuple], device: torch.device) -> fx.GraphModule:
+    """The FX graph of a recorded group (see the module's docstring)."""
+    b = _Builder(storages, device)
+    for k, (name, overload, args, results) in enumerate(ops):
+        b.op(k, name, overload, args, results)
+    return b.finish()
+
+
+class _Scope:
+    """What a group's graph compiles and runs under: no autograd, no autocast (its ops are recorded below both)."""
+
+    def __enter__(self) -> None:
+        self._grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        self._autocast = [(d, torch.is_autocast_enabled(d)) for d in ("neuron", "cpu")]
+        for d, _ in self._autocast:
+            torch.set_autocast_enabled(d, False)
+
+    def __exit__(self, *exc: Any) -> None:
+        for d, on in self._autocast:
+            torch.set_autocast_enabled(d, on)
+        torch._C._set_grad_enabled(self._grad)
+
+
+def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], inputs: list[torch.Tensor]) -> Callable:
+    """Compile a recorded group; returns ``run(inputs)``, which runs it on the group's flat storages."""
+    from .dynamo_backend import neuron
+
+    device = inputs[0].device if inputs else torch.device("neuron", torch.neuron.current_device())
+    gm = build_graph(ops, storages, device)
+    with _Scope():
+        compiled = neuron(gm, list(inputs))
+
+    def run(args: list[torch.Tensor]) -> None:
+        with _Scope():
+            compiled(*args)
+
+    return run
