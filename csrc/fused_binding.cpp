@@ -72,10 +72,11 @@ std::shared_ptr<void> compileGroup(const FusedDescription& group, std::string* e
   }
   try {
     py::list ops;
-    for (const Deferred* d : group.ops) {
+    for (size_t i = 0; i < group.ops.size(); ++i) {
+      const Deferred* d = group.ops[i];
       const auto& schema = d->kernel.op.schema();
       ops.append(py::make_tuple(schema.name(), schema.overload_name(), values(d->meta_arguments, schema.arguments()),
-                                values(d->meta_results, schema.returns())));
+                                values(d->meta_results, schema.returns()), bool(group.lifts[i])));
     }
     py::list storages;
     for (size_t i = 0; i < group.storages.size(); ++i)
@@ -83,7 +84,10 @@ std::shared_ptr<void> compileGroup(const FusedDescription& group, std::string* e
                                      bool(group.made[i]), bool(group.input[i])));
     py::list inputs;
     for (const auto& t : group.inputs) inputs.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(t)));
-    py::object graph = (*compiler)(ops, storages, inputs);
+    py::list floats;
+    for (size_t k = 0; k < group.floats.size(); ++k)
+      floats.append(py::make_tuple(group.floats[k], bool(group.lifted[k])));
+    py::object graph = (*compiler)(ops, storages, floats, inputs);
     return std::shared_ptr<void>(new py::object(std::move(graph)), [](void* p) {
       if (!Py_IsInitialized()) return;  // at exit: left to the interpreter
       py::gil_scoped_acquire gil;

@@ -145,5 +145,16 @@ from . import neuron  # noqa: E402
 from . import compile as _compile  # noqa: E402,F401  (TORCHNEURON_CACHE_DIR, TORCHNEURON_COMPILE_LOG; loads no compiler)
 from . import distributed  # noqa: E402,F401  (registers the "neuron" torch.distributed backend)
 
+
+def _compile_fused_group(*args):
+    """Fused eager's graph compiler (torchneuron.compile.fused), loaded at the first group it compiles."""
+    from .compile import fused
+
+    return fused.compile_group(*args)
+
+
+_C._set_fused_compiler(_compile_fused_group)
+neuron.eager._from_env()  # TORCHNEURON_EAGER=fused
+
 from .migrate import _env  # noqa: E402,F401  (TORCHNEURON_TRANSFER_CUDA=1: the CUDA compatibility layer)
 from .integrations import lightning as _lightning  # noqa: E402,F401  (registers "neuron" with Lightning when it is imported; imports no Lightning)

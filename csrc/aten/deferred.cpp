@@ -21,7 +21,13 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace torchneuron {
 namespace {
@@ -222,6 +228,203 @@ class Deferral {
   bool failed_ = false;
 };
 
+// ---- the meta cache ----------------------------------------------------------
+// PyTorch's meta kernels are mostly Python (reference implementations): 100-700 us an op, more
+// than most CPU kernels. What they say about the results follows from the op, its arguments'
+// layouts and its other arguments, as PyTorch's fake tensors' cache assumes: so it is kept per
+// such key. A result is an argument itself (in place), a view of an argument's storage, or new
+// storage, with its layout. Floating-point arguments are left out of the key except for ops whose
+// sizes they set (upsample's scales, arange's bounds, ...).
+
+}  // namespace
+
+bool floatsSetSizes(const c10::FunctionSchema& schema) {
+  const auto& name = schema.name();
+  for (const char* s : {"upsample", "arange", "range", "linspace", "logspace", "histc", "interpolate", "fractional"})
+    if (name.find(s) != std::string::npos) return true;
+  return false;
+}
+
+namespace {
+
+struct MetaResult {
+  int kind;       // 0 new storage (buffer `arg`), 1 argument `arg` itself, 2 a view of argument `arg`'s storage,
+                  // 3 undefined, 4 a list of `arg` results (those that follow)
+  int arg;
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+  size_t nbytes;  // new storage's size
+};
+
+using MetaKey = std::vector<int64_t>;
+struct MetaKeyHash {
+  size_t operator()(const MetaKey& v) const {
+    size_t h = v.size();
+    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+struct MetaCache {
+  std::mutex mutex;
+  std::unordered_map<MetaKey, std::vector<MetaResult>, MetaKeyHash> entries;
+};
+
+MetaCache& metaCache() {
+  static MetaCache* c = new MetaCache();
+  return *c;
+}
+
+// The key of an op's arguments; false when an argument has no place in one.
+bool metaKey(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first, MetaKey* key,
+             std::vector<const c10::StorageImpl*>* storages) {
+  const bool floats = floatsSetSizes(op.schema());
+  key->push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  std::function<bool(const c10::IValue&)> add = [&](const c10::IValue& iv) -> bool {
+    if (iv.isTensor()) {
+      const at::Tensor& t = iv.toTensor();
+      if (!t.defined()) return key->push_back(3), true;
+      if (t.device().type() == kNeuron) {
+        if (t.layout() != c10::kStrided || !t.has_storage()) return false;
+        const auto* storage = t.storage().unsafeGetStorageImpl();
+        int64_t same = -1;
+        for (size_t i = 0; i < storages->size(); ++i)
+          if ((*storages)[i] == storage) { same = static_cast<int64_t>(i); break; }
+        storages->push_back(storage);
+        key->insert(key->end(), {1, static_cast<int64_t>(t.scalar_type()), t.dim(), same,
+                                 static_cast<int64_t>(t.storage().nbytes()), t.storage_offset(),
+                                 int64_t(t.is_conj()) * 2 + int64_t(t.is_neg())});
+        for (auto v : t.sizes()) key->push_back(v);
+        for (auto v : t.strides()) key->push_back(v);
+        return true;
+      }
+      if (t.dim() > 0 || t.layout() != c10::kStrided) return false;
+      storages->push_back(nullptr);
+      key->insert(key->end(), {2, static_cast<int64_t>(t.scalar_type()),
+                               int64_t(t.unsafeGetTensorImpl()->is_wrapped_number())});
+      return true;
+    }
+    if (iv.isNone()) return key->push_back(5), true;
+    if (iv.isBool() || iv.isInt()) return key->insert(key->end(), {6, iv.isBool() ? int64_t(iv.toBool()) : iv.toInt()}), true;
+    if (iv.isDouble()) {
+      key->push_back(7);
+      if (floats) {
+        double v = iv.toDouble();
+        int64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        key->push_back(bits);
+      }
+      return true;
+    }
+    if (iv.isString())
+      return key->insert(key->end(), {8, static_cast<int64_t>(std::hash<std::string_view>()(iv.toStringView()))}), true;
+    if (iv.isDevice())
+      return key->insert(key->end(), {9, static_cast<int64_t>(iv.toDevice().type()) * 1024 + iv.toDevice().index()}), true;
+    if (iv.isList()) {
+      const auto list = iv.toListRef();
+      key->insert(key->end(), {10, static_cast<int64_t>(list.size())});
+      for (const auto& e : list)
+        if (!add(e)) return false;
+      return true;
+    }
+    return false;
+  };
+  for (size_t i = first; i < stack.size(); ++i)
+    if (!add(stack[i])) return false;
+  return true;
+}
+
+// The meta tensors among an op's arguments, in order (inside lists too).
+void flatTensors(const torch::jit::Stack& stack, size_t first, std::vector<at::Tensor>* out) {
+  for (size_t i = first; i < stack.size(); ++i) {
+    const auto& iv = stack[i];
+    if (iv.isTensor()) {
+      out->push_back(iv.toTensor());
+    } else if (iv.isList()) {
+      for (const auto& e : iv.toListRef())
+        if (e.isTensor()) out->push_back(e.toTensor());
+    }
+  }
+}
+
+// What a meta kernel's results say, as cache entries; false when a result has no place in one.
+bool describeResults(const torch::jit::Stack& results, const std::vector<at::Tensor>& args,
+                     std::vector<MetaResult>* out) {
+  std::vector<const c10::StorageImpl*> fresh;
+  auto one = [&](const at::Tensor& m) -> bool {
+    if (!m.defined()) return out->push_back(MetaResult{3, 0, {}, {}, {}, 0, 0}), true;
+    if (!m.is_meta() || m.layout() != c10::kStrided) return false;
+    MetaResult r{0, 0, m.scalar_type(), m.sizes().vec(), m.strides().vec(), m.storage_offset(), m.storage().nbytes()};
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (args[k].unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
+        r.kind = 1;
+        r.arg = static_cast<int>(k);
+        return out->push_back(std::move(r)), true;
+      }
+    }
+    const auto* storage = m.storage().unsafeGetStorageImpl();
+    for (size_t k = 0; k < args.size(); ++k) {
+      if (args[k].defined() && args[k].is_meta() && args[k].storage().unsafeGetStorageImpl() == storage) {
+        r.kind = 2;
+        r.arg = static_cast<int>(k);
+        return out->push_back(std::move(r)), true;
+      }
+    }
+    auto it = std::find(fresh.begin(), fresh.end(), storage);
+    r.arg = static_cast<int>(it - fresh.begin());
+    if (it == fresh.end()) fresh.push_back(storage);
+    return out->push_back(std::move(r)), true;
+  };
+  for (const auto& iv : results) {
+    if (iv.isTensor()) {
+      if (!one(iv.toTensor())) return false;
+    } else if (iv.isTensorList()) {
+      const auto list = iv.toTensorList();
+      out->push_back(MetaResult{4, static_cast<int>(list.size()), {}, {}, {}, 0, 0});
+      for (const at::Tensor& t : list)
+        if (!one(t)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor metaTensorOver(const c10::Storage& storage, const MetaResult& r) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    c10::scalarTypeToTypeMeta(r.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.offset);
+  return t;
+}
+
+// The results a cache entry says, over the arguments' meta stand-ins.
+torch::jit::Stack metaResults(const std::vector<MetaResult>& entry, const std::vector<at::Tensor>& args) {
+  torch::jit::Stack out;
+  std::vector<c10::Storage> fresh;
+  auto one = [&](const MetaResult& r) -> at::Tensor {
+    switch (r.kind) {
+      case 1: return args[r.arg];
+      case 2: return metaTensorOver(args[r.arg].storage(), r);
+      case 3: return at::Tensor();
+      default:
+        while (fresh.size() <= static_cast<size_t>(r.arg)) fresh.emplace_back();
+        if (!fresh[r.arg]) fresh[r.arg] = metaStorage(r.nbytes);
+        return metaTensorOver(fresh[r.arg], r);
+    }
+  };
+  for (size_t i = 0; i < entry.size(); ++i) {
+    if (entry[i].kind == 4) {
+      c10::List<at::Tensor> list;
+      for (int k = 0; k < entry[i].arg; ++k) list.push_back(one(entry[++i]));
+      out.emplace_back(std::move(list));
+    } else {
+      out.emplace_back(one(entry[i]));
+    }
+  }
+  return out;
+}
+
 // One op's stand-ins (asynchronous mode): the op's argument storages, kept while it is deferred.
 class OpStandIns final : public StandIns {
  public:
@@ -294,12 +497,34 @@ bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& 
   for (auto& iv : meta)  // a neuron device argument (made the CPU above) stands for the meta device
     if (iv.isDevice()) iv = c10::Device(c10::kMeta);
   if (keep_meta) out->meta_arguments = meta;
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const std::exception&) {
-    return false;  // no meta kernel, sizes that depend on data, or an error the CPU kernel will raise
+  MetaKey key;
+  std::vector<const c10::StorageImpl*> key_storages;
+  const size_t first_index = static_cast<size_t>(first - stack->begin());
+  const bool keyed = metaKey(op, *stack, first_index, &key, &key_storages);
+  std::vector<at::Tensor> meta_args;
+  flatTensors(meta, 0, &meta_args);
+  const std::vector<MetaResult>* cached = nullptr;
+  auto& cache = metaCache();
+  if (keyed) {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.entries.find(key);
+    if (it != cache.entries.end()) cached = &it->second;  // entries are never erased
   }
-  if (!deferral.writesKeepMetadata()) return false;
+  if (cached != nullptr) {
+    meta = metaResults(*cached, meta_args);
+  } else {
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const std::exception&) {
+      return false;  // no meta kernel, sizes that depend on data, or an error the CPU kernel will raise
+    }
+    if (!deferral.writesKeepMetadata()) return false;
+    std::vector<MetaResult> entry;
+    if (keyed && describeResults(meta, meta_args, &entry)) {
+      std::lock_guard<std::mutex> lock(cache.mutex);
+      if (cache.entries.size() < 200000) cache.entries.emplace(std::move(key), std::move(entry));
+    }
+  }
 
   // The device results, allocated now.
   DeferredKernel& kernel = out->kernel;
@@ -333,6 +558,7 @@ bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& 
       op, &kernel.stack, [&](const at::Tensor& t, const c10::Argument&, bool) { return deferral.host(t); },
       [](c10::Device, const c10::Argument&) {});
   out->device = deferral.device();
+  out->inference = c10::InferenceMode::is_enabled();
   stack->erase(first, stack->end());
   for (auto& r : results) stack->push_back(std::move(r));
   return true;
@@ -340,7 +566,7 @@ bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& 
 
 bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpStandIns standins;
-  Deferred deferred{DeferredKernel{op, {}, {}}, -1, {}, {}};
+  Deferred deferred{DeferredKernel{op, {}, {}}, -1, false, {}, {}};
   if (!deferOp(op, stack, standins, &deferred, false)) return false;
   enqueue(deferred.device, {rt::ActivityKind::Kernel, kernelName(op.schema().name())}, std::move(deferred.kernel));
   return true;

@@ -51,9 +51,14 @@ struct DeferredKernel {
 struct Deferred {
   DeferredKernel kernel;
   c10::DeviceIndex device = -1;
+  bool inference = false;            // the inference mode it was deferred in (its host views' kind)
   torch::jit::Stack meta_arguments;  // the arguments, neuron tensors as their meta stand-ins
   torch::jit::Stack meta_results;    // the results as the meta kernel gave them
 };
+
+// Whether an op's floating-point arguments can set its results' sizes (upsample's scales, arange's
+// bounds): elsewhere they are values only.
+bool floatsSetSizes(const c10::FunctionSchema& schema);
 
 // An empty meta storage of `nbytes` bytes: a device storage's stand-in.
 c10::Storage metaStorage(size_t nbytes);

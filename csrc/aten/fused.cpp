@@ -16,6 +16,7 @@
 #include "fused.h"
 
 #include <ATen/Context.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -71,9 +72,13 @@ class Group final : public StandIns {
 
   void append(Deferred op) {
     tokens_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.kernel.op.schema())));
-    for (const auto& iv : op.meta_arguments) token(iv);
+    lift_ = !floatsSetSizes(op.kernel.op.schema());
+    lifts_.push_back(lift_);
+    const auto& args = op.kernel.op.schema().arguments();
+    for (size_t i = 0; i < op.meta_arguments.size(); ++i)
+      token(op.meta_arguments[i], i < args.size() && scalarArgument(args[i].type()));
     tokens_.push_back(-1);
-    for (const auto& iv : op.meta_results) token(iv);
+    for (const auto& iv : op.meta_results) token(iv, false);
     tokens_.push_back(-2);
     ops_.push_back(std::move(op));
   }
@@ -89,6 +94,7 @@ class Group final : public StandIns {
   FusedDescription describe() const {
     FusedDescription d;
     for (const auto& op : ops_) d.ops.push_back(&op);
+    d.lifts = lifts_;
     for (const Slot* s : ordered_) {
       d.storages.push_back(flat(s->standin.meta, s->dtype, c10::DispatchKey::Meta));
       d.made.push_back(s->is_made);
@@ -98,7 +104,7 @@ class Group final : public StandIns {
   }
 
   // The compiled graph's inputs: flat neuron tensors over the storages it reads or writes.
-  std::vector<at::Tensor> inputs() const {
+  std::vector<at::Tensor> inputs(const std::vector<bool>& lifted) const {
     std::vector<at::Tensor> in;
     for (const Slot* s : ordered_) {
       if (!s->is_made) {
@@ -107,10 +113,13 @@ class Group final : public StandIns {
         in.push_back(flat(c10::Storage(std::move(strong)), s->dtype, c10::DispatchKey::PrivateUse1));
       }
     }
+    for (size_t k = 0; k < scalars_.size(); ++k)
+      if (lifted[k]) in.push_back(at::scalar_tensor(scalars_[k], at::TensorOptions().dtype(c10::kDouble)));
     return in;
   }
 
   bool compilable() const { return compilable_; }
+  const std::vector<double>& scalars() const { return scalars_; }
   std::vector<Deferred>& ops() { return ops_; }
 
  private:
@@ -130,10 +139,24 @@ class Group final : public StandIns {
     return slot->standin;
   }
 
-  void token(const c10::IValue& iv) {
+  // A Scalar argument (alone, optional or in a list): its floats can be the graph's inputs. A `float`
+  // argument (an epsilon) cannot take one, and stays part of the op.
+  static bool scalarArgument(const c10::TypePtr& type) {
+    const c10::Type* t = type.get();
+    if (t->kind() == c10::TypeKind::OptionalType) t = static_cast<const c10::OptionalType*>(t)->getElementType().get();
+    if (t->kind() == c10::TypeKind::ListType) t = t->containedType(0).get();
+    return t->kind() == c10::TypeKind::NumberType;
+  }
+
+  void token(const c10::IValue& iv, bool scalar) {
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
       if (!t.defined()) return tokens_.push_back(3);
+      if (!t.is_meta() && lift_ && t.unsafeGetTensorImpl()->is_wrapped_number() && t.is_floating_point()) {
+        tokens_.push_back(12);  // a Python float: an input of the graph, as floats are
+        scalars_.push_back(t.item<double>());
+        return;
+      }
       if (!t.is_meta()) {  // a CPU scalar: its value is part of the op
         tokens_.push_back(2);
         tokens_.push_back(static_cast<int64_t>(t.scalar_type()));
@@ -171,6 +194,11 @@ class Group final : public StandIns {
       tokens_.push_back(6);
       return tokens_.push_back(iv.isBool() ? int64_t(iv.toBool()) : iv.toInt());
     }
+    if (iv.isDouble() && lift_ && scalar) {  // an input of the graph: a learning rate may change every step
+      tokens_.push_back(13);
+      scalars_.push_back(iv.toDouble());
+      return;
+    }
     if (iv.isDouble()) {
       tokens_.push_back(7);
       const double v = iv.toDouble();
@@ -190,7 +218,7 @@ class Group final : public StandIns {
       const auto list = iv.toListRef();
       tokens_.push_back(10);
       tokens_.push_back(static_cast<int64_t>(list.size()));
-      for (const auto& e : list) token(e);
+      for (const auto& e : list) token(e, scalar);
       return;
     }
     compilable_ = false;  // complex scalars, tuples, ...: run op by op
@@ -204,6 +232,9 @@ class Group final : public StandIns {
   std::vector<Slot*> ordered_;
   std::vector<Deferred> ops_;
   std::vector<int64_t> tokens_;
+  std::vector<double> scalars_;  // the floats the graph takes as inputs, in order
+  std::vector<bool> lifts_;      // per op: whether its floats are inputs
+  bool lift_ = true;
   c10::DeviceIndex device_ = -1;
   c10::StreamId stream_ = 0;
   bool compilable_ = true;
@@ -221,7 +252,13 @@ struct Known {  // a signature seen before
   FusedGroupStats stats;
   std::shared_ptr<void> graph;
   bool failed = false;
+  // The group's Scalar floats: their values the first time, and which have changed since. Those are
+  // the graph's inputs; the others are constants in it (a graph is compiled again when one changes).
+  std::vector<double> floats;
+  std::vector<bool> varies;
 };
+
+bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 struct State {
   std::recursive_mutex mutex;
@@ -272,6 +309,17 @@ void runGroup(State& st, Group& g, const char* reason) {
     st.order.push_back(&known);
   }
   known.stats.seen++;
+  if (fresh) {
+    known.floats = g.scalars();
+    known.varies.assign(known.floats.size(), false);
+  } else {
+    for (size_t k = 0; k < known.floats.size(); ++k) {
+      if (known.varies[k] || sameBits(known.floats[k], g.scalars()[k])) continue;
+      known.varies[k] = true;  // a constant of the graph changed: compile again with it as an input
+      known.graph = nullptr;
+      known.stats.compiled = false;
+    }
+  }
   const auto& config = fusedConfig();
   if (!known.graph && !known.failed && known.stats.seen >= config.compile_after &&
       static_cast<int64_t>(g.size()) >= config.min_ops && st.compile != nullptr) {
@@ -283,7 +331,9 @@ void runGroup(State& st, Group& g, const char* reason) {
       const auto start = std::chrono::steady_clock::now();
       std::string error;
       FusedDescription description = g.describe();
-      description.inputs = g.inputs();
+      description.inputs = g.inputs(known.varies);
+      description.floats = g.scalars();
+      description.lifted = known.varies;
       known.graph = st.compile(description, &error);
       known.stats.compile_ns +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
@@ -296,7 +346,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   }
   c10::StreamGuard guard(c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, g.device()), g.stream()));
   if (known.graph) {
-    auto inputs = g.inputs();
+    auto inputs = g.inputs(known.varies);
     st.run(known.graph.get(), inputs);
     known.stats.fused_runs++;
     return;
@@ -304,6 +354,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   for (auto& op : g.ops()) {
     const char* name = kernelName(op.kernel.op.schema().name());
     try {
+      c10::InferenceMode mode(op.inference);  // as when it was recorded
       enqueue(op.device, {rt::ActivityKind::Kernel, name}, std::move(op.kernel));
     } catch (c10::Error& e) {
       e.add_context(std::string("fused eager: the error comes from ") + name +
@@ -346,7 +397,7 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!st.group->empty() && (st.group->device() != device || st.group->stream() != stream))
     flushFused("another device or stream");
   Group& g = *st.group;
-  Deferred d{DeferredKernel{op, {}, {}}, -1, {}, {}};
+  Deferred d{DeferredKernel{op, {}, {}}, -1, false, {}, {}};
   if (!deferOp(op, stack, g, &d, true)) {
     if (g.empty()) st.group = std::make_unique<Group>();  // lets go of the storages it looked at
     return false;

@@ -20,6 +20,9 @@ struct FusedDescription {
   std::vector<at::Tensor> storages;
   std::vector<bool> made;
   std::vector<bool> input;
+  std::vector<bool> lifts;    // per op: its Scalar floats are the group's floats (else constants of the op)
+  std::vector<double> floats;  // the group's floats, in order, and which of them are inputs (after the
+  std::vector<bool> lifted;    // storages, as 0-dim float64 CPU tensors); the others are constants
   std::vector<at::Tensor> inputs;  // the inputs of this run (examples for the compiler)
 };
 

@@ -109,6 +109,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
         "Event device index ", int(device_index), " does not match recording stream's device index ",
         int(stream.device_index()), ".");
     auto*& ev = *reinterpret_cast<rt::Event*>(event);
+    rt::handOverHeldWork("event record");  // the event comes after the ops recorded so far
     if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
     checkRuntime(rt::eventRecord(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
   }

@@ -32,7 +32,15 @@ from . import _cache, diagnostics, flex_attention
 from ._cache import cache_dir
 from .diagnostics import CompileReport, install, report, reset
 
-__all__ = ["CompileReport", "backend", "cache_dir", "install", "report", "reset"]
+__all__ = ["CompileReport", "backend", "cache_dir", "fused_report", "install", "report", "reset"]
+
+
+def fused_report(reset: bool = False) -> Any:
+    """What fused eager (``torch.neuron.set_eager_mode("fused")``) did: groups, hits, compiles, cuts and why.
+    See :func:`torchneuron.compile.fused.fused_report`."""
+    from . import fused
+
+    return fused.fused_report(reset)
 
 
 def backend(gm: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Any:

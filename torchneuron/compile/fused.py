@@ -18,6 +18,7 @@ and its storages. The graph is written in the ops' own terms, in-place ops and `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Sequence
 
@@ -25,7 +26,7 @@ import torch
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-__all__ = ["compile_group", "build_graph"]
+__all__ = ["FusedGroup", "FusedReport", "build_graph", "compile_group", "fused_report"]
 
 log = logging.getLogger("torchneuron")
 aten = torch.ops.aten
@@ -34,8 +35,10 @@ aten = torch.ops.aten
 class _Builder:
     """Writes one recorded group as an FX graph."""
 
-    def __init__(self, storages: Sequence[tuple[torch.Tensor, bool, bool]], device: torch.device) -> None:
+    def __init__(self, storages: Sequence[tuple[torch.Tensor, bool, bool]], device: torch.device,
+                 floats: Sequence[tuple[float, bool]]) -> None:
         self.graph = fx.Graph()
+        self.lift = True  # the current op's floats are inputs
         self.device = device
         self.index = {flat.untyped_storage()._cdata: i for i, (flat, _, _) in enumerate(storages)}
         self.flat = [flat for flat, _, _ in storages]
@@ -49,6 +52,10 @@ class _Builder:
                 self.placeholders[i] = self.graph.placeholder(f"storage{i}")
                 if not made:
                     self.base[i] = self.placeholders[i]
+        # Floats (a learning rate, a bias correction) are inputs: 0-dim float64 CPU tensors, read in the graph.
+        self.floats: list[Any] = [self.graph.placeholder(f"float{k}") if lifted else value
+                                  for k, (value, lifted) in enumerate(floats)]
+        self.next_float = 0
 
     def call(self, target: Callable, *args: Any, **kwargs: Any) -> fx.Node:
         return self.graph.call_function(target, args, kwargs)
@@ -71,11 +78,15 @@ class _Builder:
             self.exact[key] = node
         return node
 
-    def value(self, v: Any) -> Any:
+    def value(self, v: Any, scalar: bool = False) -> Any:
         if isinstance(v, torch.Tensor):
             return self.read(v)
+        if isinstance(v, float) and self.lift and scalar:
+            f = self.floats[self.next_float]
+            self.next_float += 1
+            return self.call(aten._local_scalar_dense.default, f) if isinstance(f, fx.Node) else f
         if isinstance(v, (list, tuple)):
-            return [self.value(e) for e in v]
+            return [self.value(e, scalar) for e in v]
         if isinstance(v, torch.device) and v.type == "meta":
             return self.device
         return v
@@ -104,13 +115,14 @@ class _Builder:
         else:  # in place, or a view of an argument
             self.exact.setdefault(key, node)
 
-    def op(self, op_index: int, name: str, overload: str, args: list, results: list) -> None:
+    def op(self, op_index: int, name: str, overload: str, args: list, results: list, lift: bool) -> None:
+        self.lift = lift
         packet = getattr(aten, name.split("::", 1)[1])
         target = getattr(packet, overload or "default")
         schema = target._schema
         positional, kwargs = [], {}
         for a, v in zip(schema.arguments, args):
-            v = self.value(v)
+            v = self.value(v, _is_scalar(a.type) or _wrapped_float(a.type, v))
             if a.kwarg_only:
                 kwargs[a.name] = v
             else:
@@ -138,12 +150,32 @@ def _getitem(x: Any, i: int) -> Any:
     return x[i]
 
 
-def build_graph(ops: Sequence[tuple], storages: Sequence[tuple], device: torch.device) -> fx.GraphModule:
+def build_graph(ops: Sequence[tuple], storages: Sequence[tuple], floats: Sequence[tuple[float, bool]],
+                device: torch.device) -> fx.GraphModule:
     """The FX graph of a recorded group (see the module's docstring)."""
-    b = _Builder(storages, device)
-    for k, (name, overload, args, results) in enumerate(ops):
-        b.op(k, name, overload, args, results)
+    b = _Builder(storages, device, floats)
+    for k, (name, overload, args, results, lift) in enumerate(ops):
+        b.op(k, name, overload, args, results, lift)
     return b.finish()
+
+
+def _is_scalar(t: Any) -> bool:
+    """Whether an argument's type is Scalar (alone, optional or in a list): its floats are graph inputs."""
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, torch._C.ListType):
+        t = t.getElementType()
+    return isinstance(t, torch._C.NumberType)
+
+
+def _wrapped_float(t: Any, v: Any) -> bool:
+    """A Python float given for a Tensor argument (a wrapped number): an input too."""
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(v, float) and isinstance(t, torch._C.TensorType)
+
+
+
 
 
 class _Scope:
@@ -162,17 +194,92 @@ class _Scope:
         torch._C._set_grad_enabled(self._grad)
 
 
-def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], inputs: list[torch.Tensor]) -> Callable:
+def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], floats: Sequence[tuple[float, bool]],
+                  inputs: list[torch.Tensor]) -> Callable:
     """Compile a recorded group; returns ``run(inputs)``, which runs it on the group's flat storages."""
     from .dynamo_backend import neuron
 
-    device = inputs[0].device if inputs else torch.device("neuron", torch.neuron.current_device())
-    gm = build_graph(ops, storages, device)
-    with _Scope():
-        compiled = neuron(gm, list(inputs))
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    device = inputs[0].device if inputs and inputs[0].device.type == "neuron" else torch.device(
+        "neuron", torch.neuron.current_device())
+    gm = build_graph(ops, storages, floats, device)
+    # Static shapes; a shape environment for the floats read inside the graph.
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    examples = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+    with _Scope(), tracing(TracingContext(fake_mode)):
+        compiled = neuron(gm, examples)
 
     def run(args: list[torch.Tensor]) -> None:
         with _Scope():
             compiled(*args)
 
     return run
+
+
+@dataclasses.dataclass
+class FusedGroup:
+    """One recorded group (a signature: its ops, their arguments' layouts, what stays referred to)."""
+
+    ops: int
+    seen: int
+    fused_runs: int
+    compiled: bool
+    compile_seconds: float
+    first_cut: str
+    first_ops: list[str]
+    error: str = ""
+
+
+@dataclasses.dataclass
+class FusedReport:
+    """What fused eager did: the groups, how often each was seen, compiled and run fused, and what cut them."""
+
+    mode: str
+    recorded_ops: int
+    groups: list[FusedGroup]
+    cuts: dict[str, int]
+
+    def __str__(self) -> str:
+        lines = [f"fused eager: mode {self.mode}, {self.recorded_ops} ops recorded, {len(self.groups)} groups, "
+                 f"{sum(g.compiled for g in self.groups)} compiled"]
+        if self.groups:
+            lines.append(f"  {'ops':>6} {'seen':>6} {'fused':>6} {'compile s':>9}  first cut / first ops")
+            for g in sorted(self.groups, key=lambda g: -g.seen * g.ops)[:20]:
+                lines.append(f"  {g.ops:>6} {g.seen:>6} {g.fused_runs:>6} {g.compile_seconds:>9.2f}  "
+                             f"{g.first_cut} / {' '.join(g.first_ops[:6])}")
+                if g.error:
+                    lines.append(f"         not compiled: {g.error.splitlines()[0][:160]}")
+            if len(self.groups) > 20:
+                lines.append(f"  ... {len(self.groups) - 20} more groups")
+        if self.cuts:
+            lines.append("  cuts: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.cuts.items(), key=lambda kv: -kv[1])))
+        return "\n".join(lines)
+
+
+def fused_report(reset: bool = False) -> FusedReport:
+    """What fused eager did so far in this process (see :class:`FusedReport`).
+
+    Args:
+        reset: forget the groups afterwards (compiled ones too) and start counting again.
+
+    Example::
+
+        >>> torch.neuron.set_eager_mode("fused")
+        >>> for _ in range(3): train_step()
+        >>> print(torchneuron.compile.fused_report())
+    """
+    from .. import _C
+
+    stats = _C._fused_stats()
+    report = FusedReport(
+        mode=torch.neuron.get_eager_mode(),
+        recorded_ops=stats["recorded_ops"],
+        groups=[FusedGroup(**g) for g in stats["groups"]],
+        cuts=dict(stats["cuts"]),
+    )
+    if reset:
+        _C._fused_reset()
+    return report

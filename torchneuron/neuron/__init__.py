@@ -43,6 +43,7 @@ from .random import (
 )
 from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace fires torch.neuron._gpu_trace's callbacks)
 from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
+from .eager import eager_mode, get_eager_mode, set_eager_mode
 
 __all__ = [
     "Event", "OutOfMemoryError", "Stream", "StreamContext", "amp", "current_device", "current_stream",
@@ -54,7 +55,7 @@ __all__ = [
     "memory_reserved", "memory_stats", "memory_summary", "reset_accumulated_memory_stats",
     "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
     "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize", "transfer_stats",
-    "enable_sanitizer",
+    "eager_mode", "enable_sanitizer", "get_eager_mode", "set_eager_mode",
     "reset_transfer_stats",
 ]
 
