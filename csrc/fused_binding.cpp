@@ -112,6 +112,11 @@ void runGraph(void* graph, std::vector<at::Tensor>& inputs) {
   }
 }
 
+std::shared_ptr<void> releaseInterpreter() {
+  if (!Py_IsInitialized() || !PyGILState_Check()) return nullptr;
+  return std::make_shared<py::gil_scoped_release>();
+}
+
 py::dict stats() {
   const FusedStats s = fusedStats();
   py::list groups;
@@ -155,7 +160,7 @@ void bindFused(py::module& m) {
   m.def("_set_fused_compiler", [](py::object fn) {
     if (compiler == nullptr) compiler = new py::object();
     *compiler = std::move(fn);
-    setFusedHooks(&compileGroup, &runGraph);
+    setFusedHooks(&compileGroup, &runGraph, &releaseInterpreter);
   });
 }
 

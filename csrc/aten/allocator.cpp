@@ -322,6 +322,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    flushFused("empty_cache");  // fused eager: a recorded group may still refer to cached blocks
     std::shared_ptr<c10::GatheredContext> context;
     if (recording()) context = gatherContext(Context::All);
     for (size_t i = 0; i < devices_.size(); ++i) {
@@ -332,6 +333,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    flushFused("memory stats");  // fused eager: the frees a recorded group holds back happen first
     checkDevice(device);
     auto& d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mutex);
@@ -523,7 +525,15 @@ class NeuronAllocator final : public c10::DeviceAllocator {
                      size_t requested,
                      const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
     rt::Status s = get();
-    if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty())) {
+    // Fused eager: a recorded group may refer to cached blocks (its intermediates'), so it runs before
+    // they go; while an op is being recorded it cannot, and the op then runs on its own (fused.cpp).
+    const bool held = fusedHolding();
+    if (s == rt::Status::OutOfMemory && held && !fusedRecordingHere()) {
+      lock.unlock();
+      flushFused("out of memory");
+      lock.lock();
+    }
+    if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty()) && !(held && fusedRecordingHere())) {
       d.stats.num_alloc_retries++;
       if (rt::asyncMode()) {
         lock.unlock();

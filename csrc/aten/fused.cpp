@@ -33,11 +33,13 @@ std::atomic<bool> fused_mode{false};
 namespace {
 
 thread_local bool running_group = false;  // recording is off while a group runs (its own ops run)
+thread_local bool recording_op = false;   // an op is being recorded: the group cannot run now
 
 struct Slot {  // a storage the group's ops touch
   c10::Storage before;                               // from before the group: kept until it runs
   c10::weak_intrusive_ptr<c10::StorageImpl> made{c10::intrusive_ptr<c10::StorageImpl>()};  // made by it
   StandIn standin;
+  c10::Storage kept;  // made by it and still referred to when it runs (settle()): kept while it runs
   int index = -1;  // in order of first use by a recorded op
   caffe2::TypeMeta dtype;
   bool is_made = false;
@@ -83,10 +85,19 @@ class Group final : public StandIns {
     ops_.push_back(std::move(op));
   }
 
+  // Decides, once, which storages it made are still referred to (and keeps them while it runs): a
+  // storage dropped later (by another thread, or a garbage collection while a graph compiles) must
+  // not change the graph's inputs half-way.
+  void settle() {
+    for (Slot* s : ordered_)
+      if (s->is_made) s->kept = c10::Storage(s->made.lock());
+  }
+
   // The signature, with which of the storages it made are still referred to.
   std::vector<int64_t> signature() const {
     std::vector<int64_t> key = tokens_;
     key.push_back(-3);
+    key.push_back(device_);
     for (const Slot* s : ordered_) key.push_back(s->is_made ? (alive(*s) ? 1 : 0) : 2);
     return key;
   }
@@ -109,8 +120,8 @@ class Group final : public StandIns {
     for (const Slot* s : ordered_) {
       if (!s->is_made) {
         in.push_back(flat(s->before, s->dtype, c10::DispatchKey::PrivateUse1));
-      } else if (auto strong = s->made.lock()) {
-        in.push_back(flat(c10::Storage(std::move(strong)), s->dtype, c10::DispatchKey::PrivateUse1));
+      } else if (s->kept) {
+        in.push_back(flat(s->kept, s->dtype, c10::DispatchKey::PrivateUse1));
       }
     }
     for (size_t k = 0; k < scalars_.size(); ++k)
@@ -123,7 +134,7 @@ class Group final : public StandIns {
   std::vector<Deferred>& ops() { return ops_; }
 
  private:
-  static bool alive(const Slot& s) { return !s.made.expired(); }
+  static bool alive(const Slot& s) { return static_cast<bool>(s.kept); }
 
   static at::Tensor flat(c10::Storage storage, caffe2::TypeMeta dtype, c10::DispatchKey key) {
     const auto n = static_cast<int64_t>(storage.nbytes() / dtype.itemsize());
@@ -271,6 +282,19 @@ struct State {
   FusedRun run = nullptr;
 };
 
+std::atomic<FusedInterpreterLock> interpreter_lock{nullptr};
+
+// The group's lock; a thread that has to wait for it waits without the interpreter's lock.
+struct GroupLock {
+  std::unique_lock<std::recursive_mutex> lock;
+  explicit GroupLock(std::recursive_mutex& m) : lock(m, std::try_to_lock) {
+    if (lock.owns_lock()) return;
+    auto release = interpreter_lock.load(std::memory_order_acquire);
+    std::shared_ptr<void> released = release != nullptr ? release() : nullptr;
+    lock.lock();
+  }  // the interpreter's lock is taken back (if it was held) with the group's held
+};
+
 State& state() {
   static State* s = new State();  // lives until exit (groups may run at exit)
   return *s;
@@ -299,6 +323,7 @@ std::vector<std::string> firstOps(const std::vector<Deferred>& ops) {
 
 void runGroup(State& st, Group& g, const char* reason) {
   st.cuts[reason != nullptr ? reason : "cut"]++;
+  g.settle();
   auto key = g.signature();
   auto [it, fresh] = st.known.try_emplace(std::move(key));
   Known& known = it->second;
@@ -345,6 +370,10 @@ void runGroup(State& st, Group& g, const char* reason) {
     }
   }
   c10::StreamGuard guard(c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, g.device()), g.stream()));
+  // A group may run inside the launch of the op that cut it, whose CPU kernel's buffers come from the
+  // device's cache: the group's own kernels' buffers must not, since a block its dead intermediates
+  // gave back is still theirs until the group has run.
+  DeviceOutputScope host_buffers(-1);
   if (known.graph) {
     auto inputs = g.inputs(known.varies);
     st.run(known.graph.get(), inputs);
@@ -368,17 +397,20 @@ void runGroup(State& st, Group& g, const char* reason) {
 }  // namespace
 
 bool fusedRecording() { return fusedMode() && !running_group; }
+bool fusedHolding() { return pending.load(std::memory_order_acquire); }
+bool fusedRecordingHere() { return recording_op; }
 
 FusedConfig& fusedConfig() {
   static FusedConfig config;
   return config;
 }
 
-void setFusedHooks(FusedCompile compile, FusedRun run) {
+void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter) {
   auto& st = state();
   std::lock_guard<std::recursive_mutex> lock(st.mutex);
   st.compile = compile;
   st.run = run;
+  interpreter_lock.store(interpreter, std::memory_order_release);
 }
 
 void setFusedMode(bool on) {
@@ -391,14 +423,29 @@ void setFusedMode(bool on) {
 bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (running_group || at::globalContext().deterministicAlgorithms()) return false;
   auto& st = state();
-  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  GroupLock lock(st.mutex);
   const auto device = deviceOfArguments(*stack, op.schema().arguments().size());
   const auto stream = currentStream(device).id();
   if (!st.group->empty() && (st.group->device() != device || st.group->stream() != stream))
     flushFused("another device or stream");
   Group& g = *st.group;
   Deferred d{DeferredKernel{op, {}, {}}, -1, false, {}, {}};
-  if (!deferOp(op, stack, g, &d, true)) {
+  bool deferred = false;
+  try {
+    recording_op = true;
+    deferred = deferOp(op, stack, g, &d, true);
+    recording_op = false;
+  } catch (const c10::OutOfMemoryError&) {
+    // The group may hold cached blocks the allocator could not free while recording: run it, then
+    // the op on its own, which retries with the cache freed.
+    recording_op = false;
+    flushFused("out of memory");
+    return false;
+  } catch (...) {
+    recording_op = false;
+    throw;
+  }
+  if (!deferred) {
     if (g.empty()) st.group = std::make_unique<Group>();  // lets go of the storages it looked at
     return false;
   }
@@ -411,9 +458,9 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void flushFused(const char* reason) {
-  if (running_group) return;
+  if (running_group || !pending.load(std::memory_order_acquire)) return;
   auto& st = state();
-  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  GroupLock lock(st.mutex);
   if (st.group->empty()) return;
   std::unique_ptr<Group> group = std::exchange(st.group, std::make_unique<Group>());
   pending.store(false, std::memory_order_release);

@@ -30,7 +30,11 @@ struct FusedDescription {
 // and run a compiled graph on its inputs.
 using FusedCompile = std::shared_ptr<void> (*)(const FusedDescription& group, std::string* error);
 using FusedRun = void (*)(void* graph, std::vector<at::Tensor>& inputs);
-void setFusedHooks(FusedCompile compile, FusedRun run);
+// Lets go of the interpreter's lock while alive, when this thread holds it. A thread that must wait
+// for the group's lock waits without it: the group's holder may run Python (compiling or running a
+// graph), which needs the interpreter's lock.
+using FusedInterpreterLock = std::shared_ptr<void> (*)();
+void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter);
 
 // What happened so far (torchneuron.compile.fused_report()).
 struct FusedGroupStats {

@@ -137,6 +137,8 @@ void setFusedMode(bool on);  // turning it off runs the pending group first
 bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Runs the pending group, if any; `reason` is what needs it (for the report).
 void flushFused(const char* reason);
+bool fusedHolding();        // a recorded group is pending
+bool fusedRecordingHere();  // this thread is recording an op (a group cannot run now)
 
 // The device a kernel's argument puts it on: a neuron tensor's, else none (-1).
 inline c10::DeviceIndex neuronDeviceOf(const at::Tensor& t) {

@@ -1,0 +1,363 @@
+"""Fused eager (``torch.neuron.set_eager_mode("fused")``): ops recorded into groups, cut where the host
+needs the device, run op by op or as one compiled graph; results as in op mode.
+
+Compiling a group costs seconds, so most tests compile at most one or two small groups; the property
+test compiles every group it sees (``compile_after=1``) on tiny shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torchneuron
+from torchneuron import _C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def op_mode_around():
+    """Each test starts in op mode with fresh statistics, and leaves op mode and the defaults behind."""
+    torch.neuron.set_eager_mode("op")
+    defaults = _C._fused_config(0, 0, 0)
+    torchneuron.compile.fused_report(reset=True)
+    yield
+    torch.neuron.set_eager_mode("op")
+    _C._fused_config(*defaults)
+    torchneuron.compile.fused_report(reset=True)
+
+
+def in_both_modes(program, *args):
+    """program(*args) in op mode and in fused mode (its result moved to the CPU inside each)."""
+    op = program(*args)
+    with torch.neuron.eager_mode("fused"):
+        fused = program(*args)
+    return op, fused
+
+
+# ---- the mode ---------------------------------------------------------------------------------------
+
+def test_the_mode_is_set_and_scoped_and_bad_names_are_refused():
+    assert torch.neuron.get_eager_mode() == "op"
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch.neuron.eager_mode("fused"):
+            assert torch.neuron.get_eager_mode() == "fused"
+            raise RuntimeError("boom")
+    assert torch.neuron.get_eager_mode() == "op"
+    with pytest.raises(ValueError, match="eager mode must be one of 'op', 'fused'"):
+        torch.neuron.set_eager_mode("lazy")
+
+
+def test_the_environment_sets_the_mode():
+    code = "import torch, torchneuron; print(torch.neuron.get_eager_mode())"
+    for value, expected in (("fused", "fused"), ("op", "op"), ("", "op")):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHNEURON_EAGER=value),
+                             capture_output=True, text=True, check=True).stdout.split()[-1]
+        assert out == expected, (value, out)
+    bad = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TORCHNEURON_EAGER="lazy"),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "TORCHNEURON_EAGER must be one of op, fused" in bad.stderr
+
+
+# ---- recording and cuts -----------------------------------------------------------------------------
+
+def test_ops_are_recorded_and_run_where_the_host_reads():
+    x = torch.randn(8, 8, device="neuron")
+    with torch.neuron.eager_mode("fused"):
+        y = (x + 1).relu() * 2
+        z = y.sum()
+        report = torchneuron.compile.fused_report()
+        assert report.recorded_ops == 4 and report.groups == []  # nothing ran yet
+        value = z.item()
+    torch.testing.assert_close(value, ((x.cpu() + 1).relu() * 2).sum().item())
+    report = torchneuron.compile.fused_report()
+    assert [g.ops for g in report.groups] == [4]
+    assert sum(report.cuts.values()) == 1
+
+
+@pytest.mark.parametrize("read", ["item", "cpu", "tolist", "print", "synchronize", "random", "event"])
+def test_every_kind_of_host_need_cuts_the_group(read, capsys):
+    x = torch.randn(4, device="neuron")
+    with torch.neuron.eager_mode("fused"):
+        y = x.exp() + 1
+        if read == "item":
+            y.sum().item()
+        elif read == "cpu":
+            y.cpu()
+        elif read == "tolist":
+            y.tolist()
+        elif read == "print":
+            print(y)
+        elif read == "synchronize":
+            torch.neuron.synchronize()
+        elif read == "random":
+            torch.rand(3, device="neuron")
+        elif read == "event":
+            torch.neuron.Event().record()
+        report = torchneuron.compile.fused_report()
+    assert [g.ops for g in report.groups][:1] == [2], report
+    torch.testing.assert_close(y.cpu(), x.cpu().exp() + 1)
+
+
+def test_cut_points_depend_only_on_the_order_of_ops():
+    def program():
+        x = torch.arange(12.0, device="neuron").reshape(3, 4)
+        for i in range(3):
+            x = (x * 0.5 + i).sin()
+            if i == 1:
+                x.sum().item()
+        x = x @ x.t()
+        return x.cpu()
+
+    runs = []
+    for _ in range(2):
+        torchneuron.compile.fused_report(reset=True)
+        with torch.neuron.eager_mode("fused"):
+            program()
+        report = torchneuron.compile.fused_report()
+        runs.append([(g.ops, g.seen, g.first_cut) for g in report.groups])
+    assert runs[0] == runs[1] and len(runs[0]) == 2, runs
+
+
+def test_deterministic_algorithms_record_nothing():
+    x = torch.randn(4, device="neuron")
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.neuron.eager_mode("fused"):
+            y = x * 2 + 1
+            assert torchneuron.compile.fused_report().recorded_ops == 0
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
+
+
+def test_a_size_bound_cuts_long_groups():
+    _C._fused_config(0, 0, 10)
+    x = torch.zeros(4, device="neuron")
+    with torch.neuron.eager_mode("fused"):
+        for _ in range(25):
+            x = x + 1
+        result = x.cpu()
+    assert torch.equal(result, torch.full((4,), 25.0))
+    report = torchneuron.compile.fused_report()
+    assert report.cuts.get("size bound") == 2, report
+
+
+# ---- compiled groups --------------------------------------------------------------------------------
+
+def test_a_repeated_group_is_compiled_and_gives_the_same_results():
+    _C._fused_config(2, 2, 0)
+    w = torch.randn(16, 16, device="neuron")
+    x = torch.randn(8, 16, device="neuron")
+
+    def step(x):
+        h = F.gelu(x @ w)
+        return F.layer_norm(h + x, (16,))
+
+    expected = step(x.cpu().to("neuron")).cpu()
+    with torch.neuron.eager_mode("fused"):
+        outs = [step(x).cpu() for _ in range(4)]
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    (group,) = torchneuron.compile.fused_report().groups
+    assert group.compiled and group.seen == 4 and group.fused_runs == 3, group
+
+
+def test_a_learning_rate_that_changes_every_step_does_not_recompile():
+    _C._fused_config(2, 2, 0)
+    p = torch.ones(32, device="neuron")
+    g = torch.full((32,), 0.5, device="neuron")
+    ref = p.cpu().clone()
+    with torch.neuron.eager_mode("fused"):
+        for step in range(1, 7):
+            lr = 0.1 / step
+            p.mul_(1 - lr * 0.01).add_(g, alpha=-lr)
+            p.addcdiv_(g, g + 1, value=-lr)
+            p.sum().item()
+    for step in range(1, 7):
+        lr = 0.1 / step
+        ref.mul_(1 - lr * 0.01).add_(g.cpu(), alpha=-lr)
+        ref.addcdiv_(g.cpu(), g.cpu() + 1, value=-lr)
+    torch.testing.assert_close(p.cpu(), ref)
+    groups = [g for g in torchneuron.compile.fused_report().groups if g.ops > 2]
+    assert len(groups) == 1 and groups[0].compiled and groups[0].fused_runs >= 4, groups
+
+
+def test_training_in_fused_mode_matches_op_mode():
+    from torchneuron.models import gpt
+
+    _C._fused_config(2, 2, 0)
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.GPTConfig(vocab_size=17, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0))
+    tokens = torch.randint(0, 17, (4, 9))
+    x, y = tokens[:, :-1].to("neuron"), tokens[:, 1:].to("neuron")
+
+    def train(mode):
+        m = copy.deepcopy(model).to("neuron")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
+        losses = []
+        with torch.neuron.eager_mode(mode):
+            for _ in range(5):
+                loss = m(x, y)[1]
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+        return losses, [p.detach().cpu() for p in m.parameters()]
+
+    op_losses, op_params = train("op")
+    fused_losses, fused_params = train("fused")
+    torch.testing.assert_close(fused_losses, op_losses, rtol=1e-4, atol=1e-5)
+    for a, b in zip(fused_params, op_params):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    report = torchneuron.compile.fused_report()
+    assert any(g.compiled and g.fused_runs >= 2 for g in report.groups), report
+
+
+# ---- semantics --------------------------------------------------------------------------------------
+
+def test_random_ops_draw_the_same_numbers_as_op_mode():
+    def program():
+        torch.neuron.manual_seed(7)
+        x = torch.ones(64, device="neuron")
+        y = F.dropout(x * 2, p=0.5) + torch.rand(64, device="neuron")
+        return torch.randn(3, device="neuron").cpu(), y.cpu(), torch.neuron.get_rng_state()
+
+    (a, b, s), (c, d, t) = in_both_modes(program)
+    assert torch.equal(a, c) and torch.equal(b, d) and torch.equal(s, t)
+
+
+def test_autograd_hooks_no_grad_and_autocast_as_in_op_mode():
+    torch.manual_seed(0)
+    w0 = torch.randn(8, 8)
+    x0 = torch.randn(4, 8)
+
+    def program():
+        w = w0.to("neuron").requires_grad_()
+        seen = []
+        w.register_hook(lambda g: seen.append(g.sum().item()) or g * 2)
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            y = (x0.to("neuron") @ w).float().tanh()
+        with torch.no_grad():
+            z = y * 3
+        y.sum().backward()
+        return w.grad.cpu(), z.cpu(), seen
+
+    (g1, z1, s1), (g2, z2, s2) = in_both_modes(program)
+    torch.testing.assert_close(g2, g1)
+    torch.testing.assert_close(z2, z1)
+    torch.testing.assert_close(s2, s1)
+
+
+def test_side_streams_and_events_as_in_op_mode():
+    def program():
+        x = torch.randn(64, 64, device="neuron", generator=torch.Generator("neuron").manual_seed(3))
+        side = torch.neuron.Stream()
+        side.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(side):
+            y = x @ x
+            done = torch.neuron.Event()
+            done.record()
+        torch.neuron.current_stream().wait_event(done)
+        return (y + x).cpu()
+
+    a, b = in_both_modes(program)
+    torch.testing.assert_close(b, a)
+
+
+def test_a_shape_error_is_raised_at_the_op():
+    x = torch.randn(3, 4, device="neuron")
+    with torch.neuron.eager_mode("fused"):
+        y = x + 1
+        with pytest.raises(RuntimeError, match="must match the size"):
+            x + torch.randn(5, device="neuron")
+        torch.testing.assert_close(y.cpu(), x.cpu() + 1)
+
+
+def test_a_kernel_error_found_only_when_the_group_runs_names_the_op():
+    table = torch.randn(10, 3, device="neuron")
+    idx = torch.tensor([1, 12], device="neuron")
+    with torch.neuron.eager_mode("fused"):
+        rows = F.embedding(idx, table) * 2
+        with pytest.raises(IndexError, match="fused eager: the error comes from (embedding|index_select)"):
+            rows.cpu()
+        # The device stays usable.
+        torch.testing.assert_close((table * 2).cpu(), table.cpu() * 2)
+
+
+def test_out_arguments_views_and_in_place_ops_on_views():
+    _C._fused_config(1, 1, 0)  # compile every group: the graph's view and mutation handling is what runs
+
+    def program():
+        base = torch.arange(24.0, device="neuron").reshape(4, 6)
+        out = torch.empty(4, 6, device="neuron")
+        for _ in range(2):
+            v = base[:, 1:4]
+            v.mul_(2)
+            base.t()[2].add_(1)
+            torch.add(base, 1, out=out)
+            s = out.view(6, 4).sum(0)
+            base.sum().item()
+        return base.cpu(), out.cpu(), s.cpu()
+
+    for a, b in zip(*in_both_modes(program)):
+        torch.testing.assert_close(b, a)
+    assert any(g.compiled for g in torchneuron.compile.fused_report().groups)
+
+
+# A random program: ops on a few tensors, some views, in-place updates, and reads.
+_UNARY = ["exp", "sin", "neg", "relu", "sigmoid", "abs"]
+_BINARY = ["add", "mul", "sub", "maximum"]
+
+
+@st.composite
+def programs(draw):
+    steps = []
+    for _ in range(draw(st.integers(3, 12))):
+        kind = draw(st.sampled_from(["unary", "binary", "inplace", "view_inplace", "read", "reduce"]))
+        steps.append((kind, draw(st.integers(0, 2)), draw(st.integers(0, 2)),
+                      draw(st.sampled_from(_UNARY)), draw(st.sampled_from(_BINARY))))
+    return steps
+
+
+def _run(steps, device):
+    gen = torch.Generator().manual_seed(0)
+    ts = [torch.randn(4, 6, generator=gen).to(device) for _ in range(3)]
+    reads = []
+    for kind, a, b, unary, binary in steps:
+        if kind == "unary":
+            ts[a] = getattr(torch, unary)(ts[b]).clamp(-3, 3)
+        elif kind == "binary":
+            ts[a] = getattr(torch, binary)(ts[a], ts[b]).clamp(-3, 3)
+        elif kind == "inplace":
+            ts[a].mul_(0.5).add_(ts[b])
+        elif kind == "view_inplace":
+            ts[a][1:3, ::2].copy_(ts[b].t()[:3, 1:3].t())
+        elif kind == "read":
+            reads.append(ts[a].sum().item())
+        else:
+            ts[a] = ts[b].sum(0, keepdim=True).expand(4, 6).contiguous()
+    return [t.cpu() for t in ts], reads
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_random_programs_of_views_in_place_ops_and_reads_match_op_mode(steps):
+    _C._fused_config(1, 1, 0)
+    expected = _run(steps, "neuron")
+    with torch.neuron.eager_mode("fused"):
+        got = _run(steps, "neuron")
+        got_again = _run(steps, "neuron")  # the same groups again: compiled this time
+    for out in (got, got_again):
+        for a, b in zip(out[0], expected[0]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[1], expected[1], rtol=1e-5, atol=1e-5)
