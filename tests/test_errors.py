@@ -126,17 +126,22 @@ CASES = [
 ]
 
 
+def _deferred():
+    return torchneuron._C._async_mode() or torch.neuron.get_eager_mode() == "fused"
+
+
 def run_to_completion(fn):
-    """Calls fn; with asynchronous streams, also waits for the work it queued (as on CUDA, an error
-    that only the kernel finds is raised at the next synchronization, as a RuntimeError)."""
+    """Calls fn; with asynchronous streams or fused eager, also waits for the work it queued or
+    recorded (as on CUDA, an error that only the kernel finds is raised at the next synchronization:
+    a RuntimeError with asynchronous streams, the kernel's own error type in fused eager)."""
     fn()
-    if torchneuron._C._async_mode():
+    if _deferred():
         torch.neuron.synchronize(0)
         torch.neuron.synchronize(1)
 
 
 def expected(exc):
-    return (exc, RuntimeError) if torchneuron._C._async_mode() else exc
+    return (exc, RuntimeError) if _deferred() else exc
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=c[4]) for c in CASES])

@@ -299,7 +299,9 @@ def test_kernel_buffers_come_from_the_device_cache():
         return grad
 
     expected = torch.func.grad(lambda w: F.conv2d(x.cpu(), w).relu().sum())(w.detach().cpu())
-    torch.testing.assert_close(step().cpu(), expected)
+    torch.testing.assert_close(step().cpu(), expected, rtol=1e-4, atol=1e-4)
+    for _ in range(3):  # warm: in fused eager, the step's group is compiled on its second run
+        step()
     start = torch.neuron.memory_allocated()
     runtime_allocations = torch.neuron.memory_stats()["num_device_alloc"]
     for _ in range(5):

@@ -531,9 +531,14 @@ def _loss_and_grads(device, checkpoint=None, autocast=False):
 def test_checkpointed_dropout_recomputes_the_same_mask(kind, autocast):
     # torch.utils.checkpoint restores the device's random state before recomputing the forward,
     # so the gradients belong to the forward that ran: exactly the plain run's, as on the CPU.
+    # Fused eager runs a repeated group as compiled code, whose arithmetic may round differently (bfloat16
+    # intermediates stay in float32 there): the mask is still the same (another mask would change the
+    # loss and gradients by far more than the tolerance).
+    exact = torch.neuron.get_eager_mode() == "op"
     for device in ("cpu", "neuron"):
         torch.testing.assert_close(_loss_and_grads(device, kind, autocast), _loss_and_grads(device, None, autocast),
-                                   rtol=0, atol=0, msg=lambda m: f"{device}: {m}")
+                                   rtol=0 if exact else (2e-2 if autocast else 1e-4), atol=0 if exact else (1e-3 if autocast else 1e-6),
+                                   msg=lambda m: f"{device}: {m}")
 
 
 def test_checkpointing_needs_the_device_modules_initialized_flag(monkeypatch):

@@ -234,7 +234,7 @@ def _run_threads(targets):
 
 def test_two_threads_drive_two_devices_concurrently(two_devices):
     torch.manual_seed(0)
-    inputs = [torch.randn(48, 48) for _ in range(2)]
+    inputs = [torch.randn(48, 48) / 48**0.5 for _ in range(2)]  # a contraction: rounding does not grow
     expected = []
     for x in inputs:
         y = x
@@ -264,7 +264,7 @@ def test_two_threads_drive_two_devices_concurrently(two_devices):
     _run_threads([worker(0), worker(1)])
     for i in range(2):
         assert results[i][0] == torch.device("neuron", i)
-        torch.testing.assert_close(results[i][1], expected[i])
+        torch.testing.assert_close(results[i][1], expected[i], rtol=1e-5, atol=1e-5)
     assert torch.neuron.current_device() == 0
 
 

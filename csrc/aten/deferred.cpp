@@ -46,8 +46,8 @@ bool isGenerator(const c10::Argument& arg) {
 bool metaDisagrees(const c10::FunctionSchema& schema, const c10::IValue* args) {
   const auto& name = schema.name();
   if (name == "aten::native_batch_norm" || name == "aten::_embedding_bag" ||
-      name == "aten::_embedding_bag_forward_only")
-    return true;
+      name == "aten::_embedding_bag_forward_only" || name.rfind("aten::quantize_per", 0) == 0)
+    return true;  // quantize_per_*: the meta kernel says float results
   if (name == "aten::native_layer_norm" && args[0].isTensor()) {
     const auto dtype = args[0].toTensor().scalar_type();
     return dtype == c10::kHalf || dtype == c10::kBFloat16;
