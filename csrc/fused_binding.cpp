@@ -136,6 +136,7 @@ py::dict stats() {
   out["groups"] = groups;
   out["cuts"] = s.cuts;
   out["recorded_ops"] = s.recorded_ops;
+  out["bypassed_ops"] = s.bypassed_ops;
   return out;
 }
 
@@ -150,13 +151,18 @@ void bindFused(py::module& m) {
   m.def("_fused_flush", [] { flushFused("flush"); });
   m.def("_fused_stats", &stats);
   m.def("_fused_reset", &resetFusedStats);
-  m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops) {
+  m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops, int64_t patience,
+                            int64_t bypass_ops) {
     auto& c = fusedConfig();
+    const auto before = py::make_tuple(c.compile_after, c.min_ops, c.max_ops, c.patience, c.bypass_ops);
     if (compile_after > 0) c.compile_after = compile_after;
     if (min_ops > 0) c.min_ops = min_ops;
     if (max_ops > 0) c.max_ops = max_ops;
-    return py::make_tuple(c.compile_after, c.min_ops, c.max_ops);
-  });
+    if (patience > 0) c.patience = patience;
+    if (bypass_ops >= 0) c.bypass_ops = bypass_ops;
+    return before;
+  }, py::arg("compile_after") = 0, py::arg("min_ops") = 0, py::arg("max_ops") = 0, py::arg("patience") = 0,
+     py::arg("bypass_ops") = -1, "Sets what is given (0, -1: unchanged); returns the settings before.");
   m.def("_set_fused_compiler", [](py::object fn) {
     if (compiler == nullptr) compiler = new py::object();
     *compiler = std::move(fn);

@@ -111,6 +111,16 @@ def test_a_rank_that_dies_makes_the_other_fail_clearly(failing_run):
     assert "ASYNC FAILED AS EXPECTED" in out, out
 
 
+def test_ddp_in_fused_eager_cuts_alike_on_both_ranks_and_does_not_hang():
+    results = _launch(["fused_ddp"])
+    _check(results, "FUSED DDP OK")
+    lines = [{line.split(" ", 2)[1]: line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("FUSED ")}
+             for _, out in results]
+    assert lines[0]["GROUPS"] == lines[1]["GROUPS"], lines  # the same groups, seen as often, cut by the same
+    assert int(lines[0]["COMPILED"]) > 0, lines             # a repeated group ran as its compiled graph
+    assert lines[0]["PARAMS"] == lines[1]["PARAMS"], lines   # replicas stay equal
+
+
 def test_fsdp2_meta_device_recipe_under_torchrun(tmp_path):
     # with torch.device("meta"): build; fully_shard; to_empty(device=...); init_weights(); train.
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "fsdp_meta_init.py")
@@ -634,9 +644,46 @@ def _scenario_device_check() -> None:
     print("DEVICE CHECK OK", flush=True)
 
 
+def _scenario_fused_ddp():
+    """DDP in fused eager: the ranks cut their groups at the same places and agree on the losses."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torchneuron
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("neuron", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+    torch.neuron.set_device(rank)
+    torch.neuron.set_eager_mode("fused")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+    ddp = DDP(model.to(f"neuron:{rank}"), bucket_cap_mb=0.01)  # several buckets: several all-reduces
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2, foreach=False)
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(6):
+        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+        loss = nn.functional.mse_loss(ddp(x.to(f"neuron:{rank}")), y.to(f"neuron:{rank}"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    mean = torch.stack(losses)
+    dist.all_reduce(mean)
+    report = torchneuron.compile.fused_report()
+    print("FUSED GROUPS", [(g.ops, g.seen, g.first_cut) for g in report.groups], flush=True)
+    print("FUSED COMPILED", sum(g.fused_runs for g in report.groups), flush=True)
+    print("FUSED PARAMS", [round(float(p.detach().sum().cpu()), 4) for p in ddp.parameters()], flush=True)
+    dist.destroy_process_group()
+    print("FUSED DDP OK", flush=True)
+
+
 if __name__ == "__main__":
     _scenarios = {"collectives": _scenario_collectives, "training": _scenario_training,
-                  "failures": _scenario_failures, "device_check": _scenario_device_check}
+                  "failures": _scenario_failures, "device_check": _scenario_device_check,
+                  "fused_ddp": _scenario_fused_ddp}
     for _name, _port in zip(sys.argv[1:], os.environ["TEST_PORTS"].split(",")):
         os.environ["MASTER_PORT"] = _port
         _scenarios[_name]()

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def op_mode_around():
     """Each test starts in op mode with fresh statistics, and leaves op mode and the defaults behind."""
     torch.neuron.set_eager_mode("op")
-    defaults = _C._fused_config(0, 0, 0)
+    defaults = _C._fused_config(min_ops=2, bypass_ops=0)  # small groups compile here; nothing bypassed
     torchneuron.compile.fused_report(reset=True)
     yield
     torch.neuron.set_eager_mode("op")
@@ -143,7 +143,7 @@ def test_deterministic_algorithms_record_nothing():
 
 
 def test_a_size_bound_cuts_long_groups():
-    _C._fused_config(0, 0, 10)
+    _C._fused_config(max_ops=10)
     x = torch.zeros(4, device="neuron")
     with torch.neuron.eager_mode("fused"):
         for _ in range(25):
@@ -157,7 +157,7 @@ def test_a_size_bound_cuts_long_groups():
 # ---- compiled groups --------------------------------------------------------------------------------
 
 def test_a_repeated_group_is_compiled_and_gives_the_same_results():
-    _C._fused_config(2, 2, 0)
+    _C._fused_config(compile_after=2, min_ops=2)
     w = torch.randn(16, 16, device="neuron")
     x = torch.randn(8, 16, device="neuron")
 
@@ -175,7 +175,7 @@ def test_a_repeated_group_is_compiled_and_gives_the_same_results():
 
 
 def test_a_learning_rate_that_changes_every_step_does_not_recompile():
-    _C._fused_config(2, 2, 0)
+    _C._fused_config(compile_after=2, min_ops=2)
     p = torch.ones(32, device="neuron")
     g = torch.full((32,), 0.5, device="neuron")
     ref = p.cpu().clone()
@@ -197,7 +197,7 @@ def test_a_learning_rate_that_changes_every_step_does_not_recompile():
 def test_training_in_fused_mode_matches_op_mode():
     from torchneuron.models import gpt
 
-    _C._fused_config(2, 2, 0)
+    _C._fused_config(compile_after=2, min_ops=2)
     torch.manual_seed(0)
     model = gpt.GPT(gpt.GPTConfig(vocab_size=17, block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.0))
     tokens = torch.randint(0, 17, (4, 9))
@@ -297,7 +297,7 @@ def test_a_kernel_error_found_only_when_the_group_runs_names_the_op():
 
 
 def test_out_arguments_views_and_in_place_ops_on_views():
-    _C._fused_config(1, 1, 0)  # compile every group: the graph's view and mutation handling is what runs
+    _C._fused_config(compile_after=1, min_ops=1)  # compile every group: the graph's view and mutation handling is what runs
 
     def program():
         base = torch.arange(24.0, device="neuron").reshape(4, 6)
@@ -351,15 +351,36 @@ def _run(steps, device):
     return [t.cpu() for t in ts], reads
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_random_programs_of_views_in_place_ops_and_reads_match_op_mode(steps):
-    _C._fused_config(1, 1, 0)
+    _C._fused_config(compile_after=2, min_ops=1)  # the first fused run op by op, the second compiled
     expected = _run(steps, "neuron")
     with torch.neuron.eager_mode("fused"):
         got = _run(steps, "neuron")
         got_again = _run(steps, "neuron")  # the same groups again: compiled this time
+    assert any(g.compiled for g in torchneuron.compile.fused_report(reset=True).groups) or not steps
     for out in (got, got_again):
         for a, b in zip(out[0], expected[0]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out[1], expected[1], rtol=1e-5, atol=1e-5)
+
+
+def test_groups_fusion_does_not_pay_for_are_left_alone_for_a_while():
+    _C._fused_config(min_ops=8, patience=3, bypass_ops=20)
+    x0 = torch.randn(16, device="neuron")
+
+    def loop():
+        x, reads = x0, []
+        for _ in range(30):
+            x = (x * 0.9 + 0.1).sin()
+            reads.append(x[0].item())  # a cut every 3 ops: groups too small to compile
+        return reads
+
+    expected = loop()
+    with torch.neuron.eager_mode("fused"):
+        got = loop()
+    torch.testing.assert_close(got, expected)
+    report = torchneuron.compile.fused_report()
+    assert report.bypassed_ops > 0 and not any(g.compiled for g in report.groups), report
+    assert report.recorded_ops + report.bypassed_ops == 90, report

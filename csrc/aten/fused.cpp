@@ -278,6 +278,12 @@ struct State {
   std::vector<const Known*> order;  // for the report, first seen first
   std::map<std::string, int64_t> cuts;
   int64_t recorded = 0;
+  // Adaptive: after a run of groups that fusing does not pay for (run op by op, and never compiled:
+  // too small, or not seen before), the next ops run op by op, without recording; then it tries again.
+  // Counted in ops and groups, so where groups are cut still depends on the order of ops alone.
+  int64_t unprofitable = 0;  // such groups in a row
+  int64_t bypass = 0;        // ops left to run without recording
+  int64_t bypassed = 0;
   FusedCompile compile = nullptr;
   FusedRun run = nullptr;
 };
@@ -375,10 +381,17 @@ void runGroup(State& st, Group& g, const char* reason) {
   // gave back is still theirs until the group has run.
   DeviceOutputScope host_buffers(-1);
   if (known.graph) {
+    st.unprofitable = 0;
     auto inputs = g.inputs(known.varies);
     st.run(known.graph.get(), inputs);
     known.stats.fused_runs++;
     return;
+  }
+  if (static_cast<int64_t>(g.size()) < config.min_ops || known.stats.seen < 2 || known.failed) {
+    if (++st.unprofitable >= config.patience) {
+      st.unprofitable = 0;
+      st.bypass = config.bypass_ops;
+    }
   }
   for (auto& op : g.ops()) {
     const char* name = kernelName(op.kernel.op.schema().name());
@@ -424,6 +437,11 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (running_group || at::globalContext().deterministicAlgorithms()) return false;
   auto& st = state();
   GroupLock lock(st.mutex);
+  if (st.bypass > 0 && st.group->empty()) {
+    --st.bypass;
+    ++st.bypassed;
+    return false;
+  }
   const auto device = deviceOfArguments(*stack, op.schema().arguments().size());
   const auto stream = currentStream(device).id();
   if (!st.group->empty() && (st.group->device() != device || st.group->stream() != stream))
@@ -478,6 +496,7 @@ FusedStats fusedStats() {
   for (const Known* k : st.order) s.groups.push_back(k->stats);
   s.cuts = st.cuts;
   s.recorded_ops = st.recorded;
+  s.bypassed_ops = st.bypassed;
   return s;
 }
 
@@ -489,6 +508,9 @@ void resetFusedStats() {
   st.order.clear();
   st.cuts.clear();
   st.recorded = 0;
+  st.bypassed = 0;
+  st.bypass = 0;
+  st.unprofitable = 0;
 }
 
 }  // namespace torchneuron

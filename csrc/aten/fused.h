@@ -51,14 +51,17 @@ struct FusedStats {
   std::vector<FusedGroupStats> groups;
   std::map<std::string, int64_t> cuts;  // what cut groups, how often
   int64_t recorded_ops = 0;
+  int64_t bypassed_ops = 0;  // run op by op without recording, after groups fusing did not pay for
 };
 FusedStats fusedStats();
 void resetFusedStats();  // also forgets the compiled groups
 
 struct FusedConfig {
   int64_t compile_after = 2;  // a group is compiled the time it is seen this often
-  int64_t min_ops = 2;         // smaller groups always run op by op
+  int64_t min_ops = 32;        // smaller groups always run op by op (a compiled graph's call costs more)
   int64_t max_ops = 4096;      // a group is cut when it has this many ops
+  int64_t patience = 8;        // this many unprofitable groups in a row ...
+  int64_t bypass_ops = 1024;   // ... and this many ops run without recording
 };
 FusedConfig& fusedConfig();
 

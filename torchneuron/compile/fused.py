@@ -241,10 +241,12 @@ class FusedReport:
     recorded_ops: int
     groups: list[FusedGroup]
     cuts: dict[str, int]
+    bypassed_ops: int = 0
 
     def __str__(self) -> str:
         lines = [f"fused eager: mode {self.mode}, {self.recorded_ops} ops recorded, {len(self.groups)} groups, "
-                 f"{sum(g.compiled for g in self.groups)} compiled"]
+                 f"{sum(g.compiled for g in self.groups)} compiled, {self.bypassed_ops} ops run op by op after "
+                 f"groups fusing did not pay for"]
         if self.groups:
             lines.append(f"  {'ops':>6} {'seen':>6} {'fused':>6} {'compile s':>9}  first cut / first ops")
             for g in sorted(self.groups, key=lambda g: -g.seen * g.ops)[:20]:
@@ -279,6 +281,7 @@ def fused_report(reset: bool = False) -> FusedReport:
         recorded_ops=stats["recorded_ops"],
         groups=[FusedGroup(**g) for g in stats["groups"]],
         cuts=dict(stats["cuts"]),
+        bypassed_ops=stats["bypassed_ops"],
     )
     if reset:
         _C._fused_reset()
