@@ -384,3 +384,19 @@ def test_groups_fusion_does_not_pay_for_are_left_alone_for_a_while():
     report = torchneuron.compile.fused_report()
     assert report.bypassed_ops > 0 and not any(g.compiled for g in report.groups), report
     assert report.recorded_ops + report.bypassed_ops == 90, report
+
+
+FUSED_SUITE = ["tests/test_device.py", "tests/test_copies.py", "tests/test_streams.py", "tests/test_memory.py",
+               "tests/test_serialization.py", "tests/test_ops.py", "tests/test_errors.py", "tests/test_random.py",
+               "tests/test_amp.py", "tests/conformance/test_opinfo.py", "tests/conformance/test_modules.py"]
+
+
+@pytest.mark.skipif(os.environ.get("TORCHNEURON_EAGER") == "fused", reason="this test starts the fused run itself")
+def test_the_device_suite_and_the_conformance_slice_pass_in_fused_eager():
+    """The device tests and the conformance quick slice, run again with TORCHNEURON_EAGER=fused."""
+    env = dict(os.environ, TORCHNEURON_EAGER="fused")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *FUSED_SUITE],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1], tail

@@ -306,10 +306,11 @@ State& state() {
   return *s;
 }
 
-std::atomic<bool> pending{false};
+std::atomic<bool> pending{false};    // a group is being recorded
+std::atomic<int> in_flight{0};       // a group is running (on some thread): a cut waits for it
 
 void handOver(const char* what) {
-  if (pending.load(std::memory_order_acquire)) flushFused(what);
+  if (pending.load(std::memory_order_acquire) || in_flight.load(std::memory_order_acquire) > 0) flushFused(what);
 }
 
 c10::DeviceIndex deviceOfArguments(const torch::jit::Stack& stack, size_t nargs) {
@@ -476,15 +477,22 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void flushFused(const char* reason) {
-  if (running_group || !pending.load(std::memory_order_acquire)) return;
+  if (running_group) return;
+  if (!pending.load(std::memory_order_acquire) && in_flight.load(std::memory_order_acquire) == 0) return;
   auto& st = state();
-  GroupLock lock(st.mutex);
+  GroupLock lock(st.mutex);  // also waits for a group another thread is running
   if (st.group->empty()) return;
   std::unique_ptr<Group> group = std::exchange(st.group, std::make_unique<Group>());
-  pending.store(false, std::memory_order_release);
   struct Running {
-    Running() { running_group = true; }
-    ~Running() { running_group = false; }
+    Running() {
+      running_group = true;
+      in_flight.fetch_add(1, std::memory_order_acq_rel);
+      pending.store(false, std::memory_order_release);
+    }
+    ~Running() {
+      running_group = false;
+      in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    }
   } running;
   runGroup(st, *group, reason);
 }
