@@ -283,6 +283,7 @@ struct State {
   // Counted in ops and groups, so where groups are cut still depends on the order of ops alone.
   int64_t unprofitable = 0;  // such groups in a row
   int64_t bypass = 0;        // ops left to run without recording
+  int64_t backoff = 0;       // times in a row recording was tried again and did not pay: the bypass doubles
   int64_t bypassed = 0;
   FusedCompile compile = nullptr;
   FusedRun run = nullptr;
@@ -383,6 +384,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   DeviceOutputScope host_buffers(-1);
   if (known.graph) {
     st.unprofitable = 0;
+    st.backoff = 0;
     auto inputs = g.inputs(known.varies);
     st.run(known.graph.get(), inputs);
     known.stats.fused_runs++;
@@ -391,7 +393,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   if (static_cast<int64_t>(g.size()) < config.min_ops || known.stats.seen < 2 || known.failed) {
     if (++st.unprofitable >= config.patience) {
       st.unprofitable = 0;
-      st.bypass = config.bypass_ops;
+      st.bypass = config.bypass_ops << std::min<int64_t>(st.backoff++, 10);
     }
   }
   for (auto& op : g.ops()) {
@@ -519,6 +521,7 @@ void resetFusedStats() {
   st.bypassed = 0;
   st.bypass = 0;
   st.unprofitable = 0;
+  st.backoff = 0;
 }
 
 }  // namespace torchneuron

@@ -60,8 +60,9 @@ struct FusedConfig {
   int64_t compile_after = 2;  // a group is compiled the time it is seen this often
   int64_t min_ops = 32;        // smaller groups always run op by op (a compiled graph's call costs more)
   int64_t max_ops = 4096;      // a group is cut when it has this many ops
-  int64_t patience = 8;        // this many unprofitable groups in a row ...
-  int64_t bypass_ops = 1024;   // ... and this many ops run without recording
+  int64_t patience = 4;        // this many unprofitable groups in a row ...
+  int64_t bypass_ops = 1024;   // ... and this many ops run without recording (doubling, up to 1024 times
+                               // as many, while trying again does not pay)
 };
 FusedConfig& fusedConfig();
 

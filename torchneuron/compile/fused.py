@@ -98,10 +98,11 @@ class _Builder:
         if self.made[i] and i not in self.base:  # the op made this storage
             self.made_by[i] = op_index
             covers = (r.storage_offset() == 0 and r.numel() == n and is_non_overlapping_and_dense(r))
-            if covers and r.is_contiguous():
-                self.base[i] = self.call(aten.view.default, node, [n])
-            elif covers:
-                self.base[i] = self.call(aten.as_strided.default, node, [n], [1], 0)
+            if covers:
+                # The result itself stands for its storage (as_strided is relative to the storage): a
+                # view of it would make a write through as_strided a chain of two views, which
+                # functionalization refuses.
+                self.base[i] = node
             else:
                 empty = self.call(aten.empty.memory_format, [n], dtype=self.flat[i].dtype, device=self.device)
                 self.base[i] = self.call(aten.as_strided_scatter.default, empty, node, list(r.shape),
@@ -141,7 +142,8 @@ class _Builder:
     def finish(self) -> fx.GraphModule:
         for i, ph in self.placeholders.items():
             if self.made[i]:
-                self.call(aten.copy_.default, ph, self.base[i])
+                flat = self.call(aten.as_strided.default, self.base[i], [self.flat[i].numel()], [1], 0)
+                self.call(aten.copy_.default, ph, flat)
         self.graph.output(())
         return fx.GraphModule(torch.nn.Module(), self.graph)
 
