@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchneuron
+from conftest import assert_suite_passes_with
 from torchneuron import _C
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -394,9 +394,4 @@ FUSED_SUITE = ["tests/test_device.py", "tests/test_copies.py", "tests/test_strea
 @pytest.mark.skipif(os.environ.get("TORCHNEURON_EAGER") == "fused", reason="this test starts the fused run itself")
 def test_the_device_suite_and_the_conformance_slice_pass_in_fused_eager():
     """The device tests and the conformance quick slice, run again with TORCHNEURON_EAGER=fused."""
-    env = dict(os.environ, TORCHNEURON_EAGER="fused")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *FUSED_SUITE],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1], tail
+    assert_suite_passes_with({"TORCHNEURON_EAGER": "fused"}, FUSED_SUITE)

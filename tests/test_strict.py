@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 import torchneuron
+from conftest import assert_suite_passes_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,9 +139,4 @@ STRICT_SUITE = ["tests/test_device.py", "tests/test_copies.py", "tests/test_stre
 @pytest.mark.skipif(os.environ.get("TORCHNEURON_STRICT") == "1", reason="this test starts the strict run itself")
 def test_the_device_suite_and_the_conformance_slice_pass_in_strict_mode():
     """The device tests and the conformance quick slice, run again with device memory protected."""
-    env = dict(os.environ, TORCHNEURON_STRICT="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *STRICT_SUITE],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1], tail
+    assert_suite_passes_with({"TORCHNEURON_STRICT": "1"}, STRICT_SUITE)
