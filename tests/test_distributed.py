@@ -657,7 +657,7 @@ def _scenario_fused_ddp():
     dist.init_process_group("neuron", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
     torch.neuron.set_device(rank)
     torch.neuron.set_eager_mode("fused")
-    torchneuron._C._fused_config(min_ops=4)  # this small model's groups compile too
+    torchneuron._C._fused_config(min_ops=4, bypass_ops=0)  # this small model's groups compile too, none bypassed
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
     ddp = DDP(model.to(f"neuron:{rank}"), bucket_cap_mb=0.01)  # several buckets: several all-reduces

@@ -22,6 +22,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -437,7 +438,7 @@ class OpStandIns final : public StandIns {
   void made(const c10::Storage&, StandIn) override {}
 
  private:
-  c10::SmallVector<std::pair<c10::Storage, StandIn>, 4> entries_;
+  std::deque<std::pair<c10::Storage, StandIn>> entries_;  // stable: deferrals keep pointers to entries
 };
 
 }  // namespace
