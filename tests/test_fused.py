@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchneuron
-from conftest import assert_suite_passes_with
+from suite_modes import assert_suite_passes_with
 from torchneuron import _C
 
 

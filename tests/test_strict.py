@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import torchneuron
-from conftest import assert_suite_passes_with
+from suite_modes import assert_suite_passes_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
