@@ -250,7 +250,8 @@ namespace {
 
 struct MetaResult {
   int kind;       // 0 new storage (buffer `arg`), 1 argument `arg` itself, 2 a view of argument `arg`'s storage,
-                  // 3 undefined, 4 a list of `arg` results (those that follow)
+                  // 3 undefined, 4 a list of `arg` results (those that follow), 5 the op is not deferred
+                  // (no meta kernel, sizes from data, or an `out=` it resizes): it runs at once
   int arg;
   c10::ScalarType dtype;
   std::vector<int64_t> sizes, strides;
@@ -511,15 +512,25 @@ bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& 
     auto it = cache.entries.find(key);
     if (it != cache.entries.end()) cached = &it->second;  // entries are never erased
   }
+  // Those that cannot be deferred are remembered too: their meta kernel (100 µs for `arange`'s
+  // resized `out=`) runs once per key, not at every call.
+  auto not_deferred = [&] {
+    if (!keyed) return false;
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (cache.entries.size() < 200000)
+      cache.entries.emplace(std::move(key), std::vector<MetaResult>{MetaResult{5, 0, {}, {}, {}, 0, 0}});
+    return false;
+  };
   if (cached != nullptr) {
+    if (!cached->empty() && cached->front().kind == 5) return false;
     meta = metaResults(*cached, meta_args);
   } else {
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
     } catch (const std::exception&) {
-      return false;  // no meta kernel, sizes that depend on data, or an error the CPU kernel will raise
+      return not_deferred();  // no meta kernel, sizes that depend on data, or an error the CPU kernel will raise
     }
-    if (!deferral.writesKeepMetadata()) return false;
+    if (!deferral.writesKeepMetadata()) return not_deferred();
     std::vector<MetaResult> entry;
     if (keyed && describeResults(meta, meta_args, &entry)) {
       std::lock_guard<std::mutex> lock(cache.mutex);

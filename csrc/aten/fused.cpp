@@ -282,9 +282,7 @@ struct State {
   // too small, or not seen before), the next ops run op by op, without recording; then it tries again.
   // Counted in ops and groups, so where groups are cut still depends on the order of ops alone.
   int64_t unprofitable = 0;  // such groups in a row
-  int64_t bypass = 0;        // ops left to run without recording
   int64_t backoff = 0;       // times in a row recording was tried again and did not pay: the bypass doubles
-  int64_t bypassed = 0;
   FusedCompile compile = nullptr;
   FusedRun run = nullptr;
 };
@@ -308,6 +306,10 @@ State& state() {
 }
 
 std::atomic<bool> pending{false};    // a group is being recorded
+// The bypass, read before an op is boxed, so that an op it runs unrecorded costs what it costs in op
+// mode (the unboxed kernels keep their own path).
+std::atomic<int64_t> bypass_left{0};  // ops left to run without recording
+std::atomic<int64_t> bypassed{0};
 std::atomic<int> in_flight{0};       // a group is running (on some thread): a cut waits for it
 
 void handOver(const char* what) {
@@ -393,7 +395,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   if (static_cast<int64_t>(g.size()) < config.min_ops || known.stats.seen < 2 || known.failed) {
     if (++st.unprofitable >= config.patience) {
       st.unprofitable = 0;
-      st.bypass = config.bypass_ops << std::min<int64_t>(st.backoff++, 10);
+      bypass_left.store(config.bypass_ops << std::min<int64_t>(st.backoff++, 10), std::memory_order_relaxed);
     }
   }
   for (auto& op : g.ops()) {
@@ -412,7 +414,16 @@ void runGroup(State& st, Group& g, const char* reason) {
 
 }  // namespace
 
-bool fusedRecording() { return fusedMode() && !running_group; }
+bool fusedRecordsNext() {
+  if (running_group) return false;
+  if (bypass_left.load(std::memory_order_relaxed) <= 0 || pending.load(std::memory_order_acquire)) return true;
+  if (bypass_left.fetch_sub(1, std::memory_order_relaxed) <= 0) {  // another thread took the last one
+    bypass_left.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  bypassed.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
 bool fusedHolding() { return pending.load(std::memory_order_acquire); }
 bool fusedRecordingHere() { return recording_op; }
 
@@ -440,11 +451,6 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (running_group || at::globalContext().deterministicAlgorithms()) return false;
   auto& st = state();
   GroupLock lock(st.mutex);
-  if (st.bypass > 0 && st.group->empty()) {
-    --st.bypass;
-    ++st.bypassed;
-    return false;
-  }
   const auto device = deviceOfArguments(*stack, op.schema().arguments().size());
   const auto stream = currentStream(device).id();
   if (!st.group->empty() && (st.group->device() != device || st.group->stream() != stream))
@@ -506,7 +512,7 @@ FusedStats fusedStats() {
   for (const Known* k : st.order) s.groups.push_back(k->stats);
   s.cuts = st.cuts;
   s.recorded_ops = st.recorded;
-  s.bypassed_ops = st.bypassed;
+  s.bypassed_ops = bypassed.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -518,8 +524,8 @@ void resetFusedStats() {
   st.order.clear();
   st.cuts.clear();
   st.recorded = 0;
-  st.bypassed = 0;
-  st.bypass = 0;
+  bypassed.store(0, std::memory_order_relaxed);
+  bypass_left.store(0, std::memory_order_relaxed);
   st.unprofitable = 0;
   st.backoff = 0;
 }

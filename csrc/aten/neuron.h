@@ -131,7 +131,10 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // reaches the runtime, see rt::handOverHeldWork), as one compiled graph once seen often enough.
 extern std::atomic<bool> fused_mode;
 inline bool fusedMode() { return fused_mode.load(std::memory_order_relaxed); }
-bool fusedRecording();  // fused mode, and not inside a running group (whose own ops run at once)
+// Fused mode, not inside a running group (whose own ops run at once), and not in a stretch of ops
+// the adaptive bypass runs unrecorded (which counts this op): the op is to be recorded.
+bool fusedRecordsNext();
+inline bool fusedRecording() { return fusedMode() && fusedRecordsNext(); }
 void setFusedMode(bool on);  // turning it off runs the pending group first
 // Records a boxed op (its results allocated now, as in enqueueOp). False when it must run now.
 bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
