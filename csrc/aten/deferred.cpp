@@ -260,17 +260,10 @@ struct MetaResult {
 };
 
 using MetaKey = std::vector<int64_t>;
-struct MetaKeyHash {
-  size_t operator()(const MetaKey& v) const {
-    size_t h = v.size();
-    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h;
-  }
-};
 
 struct MetaCache {
   std::mutex mutex;
-  std::unordered_map<MetaKey, std::vector<MetaResult>, MetaKeyHash> entries;
+  std::unordered_map<MetaKey, std::vector<MetaResult>, TokensHash> entries;
 };
 
 MetaCache& metaCache() {

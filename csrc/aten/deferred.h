@@ -10,7 +10,10 @@
 #include <c10/core/Storage.h>
 #include <c10/util/SmallVector.h>
 
+#include <cstdint>
+#include <functional>
 #include <utility>
+#include <vector>
 
 namespace torchneuron {
 
@@ -54,6 +57,16 @@ struct Deferred {
   bool inference = false;            // the inference mode it was deferred in (its host views' kind)
   torch::jit::Stack meta_arguments;  // the arguments, neuron tensors as their meta stand-ins
   torch::jit::Stack meta_results;    // the results as the meta kernel gave them
+};
+
+// The hash of a key made of integers: the meta cache's (an op and its arguments' layouts) and a
+// fused group's signature.
+struct TokensHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    size_t h = v.size();
+    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    return h;
+  }
 };
 
 // Whether an op's floating-point arguments can set its results' sizes (upsample's scales, arange's

@@ -251,14 +251,6 @@ class Group final : public StandIns {
   bool compilable_ = true;
 };
 
-struct SignatureHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
-    size_t h = v.size();
-    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h;
-  }
-};
-
 struct Known {  // a signature seen before
   FusedGroupStats stats;
   std::shared_ptr<void> graph;
@@ -274,7 +266,7 @@ bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 struct State {
   std::recursive_mutex mutex;
   std::unique_ptr<Group> group = std::make_unique<Group>();
-  std::unordered_map<std::vector<int64_t>, Known, SignatureHash> known;
+  std::unordered_map<std::vector<int64_t>, Known, TokensHash> known;
   std::vector<const Known*> order;  // for the report, first seen first
   std::map<std::string, int64_t> cuts;
   int64_t recorded = 0;
