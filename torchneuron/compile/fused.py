@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -131,11 +132,11 @@ class _Builder:
         node = self.graph.call_function(target, tuple(positional), kwargs)
         returns = schema.returns
         for j, r in enumerate(results):
-            out = node if len(returns) == 1 else self.call(_getitem, node, j)
+            out = node if len(returns) == 1 else self.call(operator.getitem, node, j)
             if isinstance(r, (list, tuple)):
                 for k, e in enumerate(r):
                     if isinstance(e, torch.Tensor):
-                        self.result(op_index, e, self.call(_getitem, out, k))
+                        self.result(op_index, e, self.call(operator.getitem, out, k))
             elif isinstance(r, torch.Tensor):
                 self.result(op_index, r, out)
 
@@ -146,10 +147,6 @@ class _Builder:
                 self.call(aten.copy_.default, ph, flat)
         self.graph.output(())
         return fx.GraphModule(torch.nn.Module(), self.graph)
-
-
-def _getitem(x: Any, i: int) -> Any:
-    return x[i]
 
 
 def build_graph(ops: Sequence[tuple], storages: Sequence[tuple], floats: Sequence[tuple[float, bool]],
