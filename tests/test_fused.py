@@ -366,6 +366,30 @@ def test_random_programs_of_views_in_place_ops_and_reads_match_op_mode(steps):
         torch.testing.assert_close(out[1], expected[1], rtol=1e-5, atol=1e-5)
 
 
+def test_ops_that_cannot_be_recorded_run_at_once_every_time():
+    # arange's out= is resized, so it runs at once; the meta cache remembers that per argument
+    # layout, and an out= of the right size (another layout) is recorded as usual.
+    a, b = torch.randn(6), torch.randn(6)
+
+    def program(device):
+        out, results = torch.empty(0, device=device), []
+        for n in (5, 5, 7, 5):
+            results.append(torch.arange(0, n, device=device).to(torch.float32) * 2)
+        for _ in range(3):
+            torch.add(a.to(device), b.to(device), out=out)  # resized the first time only
+            results.append(out * 1)
+        return [r.cpu() for r in results]
+
+    expected = program("cpu")
+    with torch.neuron.eager_mode("fused"):
+        got = program("neuron")
+        got_again = program("neuron")
+    for g in (got, got_again):
+        for e, r in zip(expected, g, strict=True):
+            torch.testing.assert_close(r, e)
+    assert torchneuron.compile.fused_report().recorded_ops > 0
+
+
 def test_groups_fusion_does_not_pay_for_are_left_alone_for_a_while():
     _C._fused_config(min_ops=8, patience=3, bypass_ops=20)
     x0 = torch.randn(16, device="neuron")
