@@ -7,6 +7,11 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
 namespace torchneuron {
 namespace {
 
@@ -117,6 +122,45 @@ std::shared_ptr<void> releaseInterpreter() {
   return std::make_shared<py::gil_scoped_release>();
 }
 
+// The innermost Python frame outside PyTorch and torchneuron, as "file:line in function". PyTorch's
+// bindings let go of the interpreter's lock while an op runs: it is taken back (as a Python meta
+// kernel does) on a thread Python knows; other threads have no Python line.
+std::string where() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing() || PyGILState_GetThisThreadState() == nullptr) return {};
+  py::gil_scoped_acquire gil;
+  try {
+    static const std::vector<std::string> libraries = [] {
+      std::vector<std::string> dirs;
+      for (const char* name : {"torch", "torchneuron"})
+        dirs.push_back(py::module_::import(name).attr("__path__").cast<py::list>()[0].cast<std::string>() + "/");
+      return dirs;
+    }();
+    auto frame = py::reinterpret_steal<py::object>(  // new references, or null at the outermost frame
+        reinterpret_cast<PyObject*>(PyThreadState_GetFrame(PyThreadState_Get())));
+    while (frame) {
+      auto* f = reinterpret_cast<PyFrameObject*>(frame.ptr());
+      auto code = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetCode(f)));
+      const char* file = PyUnicode_AsUTF8(reinterpret_cast<PyCodeObject*>(code.ptr())->co_filename);
+      if (file == nullptr) {
+        PyErr_Clear();
+        break;
+      }
+      const std::string_view path(file);
+      const bool library = std::any_of(libraries.begin(), libraries.end(),
+                                       [&](const std::string& dir) { return path.rfind(dir, 0) == 0; });
+      if (!library) {
+        const char* name = PyUnicode_AsUTF8(reinterpret_cast<PyCodeObject*>(code.ptr())->co_name);
+        if (name == nullptr) PyErr_Clear();
+        return std::string(path) + ":" + std::to_string(PyFrame_GetLineNumber(f)) + " in " + (name ? name : "?");
+      }
+      frame = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(PyFrame_GetBack(f)));
+    }
+  } catch (const std::exception&) {
+    PyErr_Clear();
+  }
+  return {};
+}
+
 py::dict stats() {
   const FusedStats s = fusedStats();
   py::list groups;
@@ -166,7 +210,7 @@ void bindFused(py::module& m) {
   m.def("_set_fused_compiler", [](py::object fn) {
     if (compiler == nullptr) compiler = new py::object();
     *compiler = std::move(fn);
-    setFusedHooks(&compileGroup, &runGraph, &releaseInterpreter);
+    setFusedHooks(&compileGroup, &runGraph, &releaseInterpreter, &where);
   });
 }
 

@@ -285,12 +285,18 @@ def test_a_shape_error_is_raised_at_the_op():
         torch.testing.assert_close(y.cpu(), x.cpu() + 1)
 
 
-def test_a_kernel_error_found_only_when_the_group_runs_names_the_op():
+def _look_up(idx, table):
+    return F.embedding(idx, table) * 2  # the group begins here
+
+
+def test_a_kernel_error_found_only_when_the_group_runs_names_the_op_and_where_its_group_began():
     table = torch.randn(10, 3, device="neuron")
     idx = torch.tensor([1, 12], device="neuron")
+    line = _look_up.__code__.co_firstlineno + 1
     with torch.neuron.eager_mode("fused"):
-        rows = F.embedding(idx, table) * 2
-        with pytest.raises(IndexError, match="fused eager: the error comes from (embedding|index_select)"):
+        rows = _look_up(idx, table)
+        with pytest.raises(IndexError, match="fused eager: the error comes from (embedding|index_select), recorded "
+                                             rf"earlier in the group that began at .*test_fused.py:{line} in _look_up"):
             rows.cpu()
         # The device stays usable.
         torch.testing.assert_close((table * 2).cpu(), table.cpu() * 2)

@@ -67,10 +67,12 @@ class Group final : public StandIns {
   c10::DeviceIndex device() const { return device_; }
   c10::StreamId stream() const { return stream_; }
 
-  void start(c10::DeviceIndex device, c10::StreamId stream) {
+  void start(c10::DeviceIndex device, c10::StreamId stream, std::string where) {
     device_ = device;
     stream_ = stream;
+    where_ = std::move(where);
   }
+  const std::string& where() const { return where_; }
 
   void append(Deferred op) {
     tokens_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.kernel.op.schema())));
@@ -248,6 +250,7 @@ class Group final : public StandIns {
   bool lift_ = true;
   c10::DeviceIndex device_ = -1;
   c10::StreamId stream_ = 0;
+  std::string where_;  // the Python line its first op was recorded at
   bool compilable_ = true;
 };
 
@@ -280,6 +283,7 @@ struct State {
 };
 
 std::atomic<FusedInterpreterLock> interpreter_lock{nullptr};
+std::atomic<FusedWhere> where_hook{nullptr};
 
 // The group's lock; a thread that has to wait for it waits without the interpreter's lock.
 struct GroupLock {
@@ -396,8 +400,9 @@ void runGroup(State& st, Group& g, const char* reason) {
       c10::InferenceMode mode(op.inference);  // as when it was recorded
       enqueue(op.device, {rt::ActivityKind::Kernel, name}, std::move(op.kernel));
     } catch (c10::Error& e) {
-      e.add_context(std::string("fused eager: the error comes from ") + name +
-                    ", recorded earlier and run when its group was cut by " + (reason ? reason : "a cut") +
+      e.add_context(std::string("fused eager: the error comes from ") + name + ", recorded earlier" +
+                    (g.where().empty() ? std::string() : " in the group that began at " + g.where()) +
+                    ", and run when its group was cut by " + (reason ? reason : "a cut") +
                     "; TORCHNEURON_EAGER=op raises it at the op");
       throw;
     }
@@ -424,12 +429,13 @@ FusedConfig& fusedConfig() {
   return config;
 }
 
-void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter) {
+void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter, FusedWhere where) {
   auto& st = state();
   std::lock_guard<std::recursive_mutex> lock(st.mutex);
   st.compile = compile;
   st.run = run;
   interpreter_lock.store(interpreter, std::memory_order_release);
+  where_hook.store(where, std::memory_order_release);
 }
 
 void setFusedMode(bool on) {
@@ -441,6 +447,13 @@ void setFusedMode(bool on) {
 
 bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (running_group || at::globalContext().deterministicAlgorithms()) return false;
+  // Where a group begins, found before its lock is taken (it runs Python, which may collect garbage
+  // whose finalizers run ops): a few microseconds, once a group.
+  std::string where;
+  if (!pending.load(std::memory_order_acquire)) {
+    const auto hook = where_hook.load(std::memory_order_acquire);
+    if (hook != nullptr) where = hook();
+  }
   auto& st = state();
   GroupLock lock(st.mutex);
   const auto device = deviceOfArguments(*stack, op.schema().arguments().size());
@@ -468,7 +481,7 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (g.empty()) st.group = std::make_unique<Group>();  // lets go of the storages it looked at
     return false;
   }
-  if (g.empty()) g.start(d.device, stream);
+  if (g.empty()) g.start(d.device, stream, std::move(where));
   g.append(std::move(d));
   st.recorded++;
   pending.store(true, std::memory_order_release);

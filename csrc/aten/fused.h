@@ -34,7 +34,10 @@ using FusedRun = void (*)(void* graph, std::vector<at::Tensor>& inputs);
 // for the group's lock waits without it: the group's holder may run Python (compiling or running a
 // graph), which needs the interpreter's lock.
 using FusedInterpreterLock = std::shared_ptr<void> (*)();
-void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter);
+// The Python line this thread is at, outside PyTorch and torchneuron ("file:line in function"; empty
+// when it does not hold the interpreter's lock): where a group began, for the errors found when it runs.
+using FusedWhere = std::string (*)();
+void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter, FusedWhere where);
 
 // What happened so far (torchneuron.compile.fused_report()).
 struct FusedGroupStats {
