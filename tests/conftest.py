@@ -60,4 +60,3 @@ def _run_python(code, env=None, timeout=120):
 def run_python():
     """``run_python(code, env=None)``: run code in a fresh interpreter, return the CompletedProcess."""
     return _run_python
-
