@@ -16,6 +16,8 @@ namespace torchneuron {
 namespace {
 
 py::object* compiler = nullptr;  // torchneuron.compile.fused.compile_group, set by Python (kept until exit)
+py::object* expecter = nullptr;  // ... its pay-off rule's expect() and learned() (kept until exit)
+py::object* learner = nullptr;
 
 c10::TypeKind elementKind(const c10::TypePtr& type) {
   const c10::Type* t = type.get();
@@ -117,6 +119,28 @@ void runGraph(void* graph, std::vector<at::Tensor>& inputs) {
   }
 }
 
+FusedExpectation expect(uint64_t key, size_t ops) {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return {};
+  py::gil_scoped_acquire gil;
+  try {
+    auto [seconds, gain] = (*expecter)(key, ops).cast<std::pair<double, double>>();
+    return {seconds, gain};
+  } catch (py::error_already_set& e) {  // the rule's defaults, and a warning
+    PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("fused eager: the pay-off rule failed: ") + e.what()).c_str(), 1);
+  }
+  return {};
+}
+
+void learned(uint64_t key, size_t ops, double compile_seconds, double op_seconds, double fused_seconds) {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    (*learner)(key, ops, compile_seconds, op_seconds, fused_seconds);
+  } catch (py::error_already_set& e) {
+    PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("fused eager: keeping what a group measured failed: ") + e.what()).c_str(), 1);
+  }
+}
+
 std::shared_ptr<void> releaseInterpreter() {
   if (!Py_IsInitialized() || !PyGILState_Check()) return nullptr;
   return std::make_shared<py::gil_scoped_release>();
@@ -174,6 +198,11 @@ py::dict stats() {
     d["error"] = g.error;
     d["first_cut"] = g.first_cut;
     d["first_ops"] = g.op_names;
+    d["op_runs"] = g.op_runs;
+    d["op_seconds"] = double(g.op_ns) * 1e-9;
+    d["fused_seconds"] = double(g.fused_ns) * 1e-9;
+    d["expected_compile_seconds"] = g.expected_compile_seconds;
+    d["expected_gain"] = g.expected_gain;
     groups.append(d);
   }
   py::dict out;
@@ -196,9 +225,12 @@ void bindFused(py::module& m) {
   m.def("_fused_stats", &stats);
   m.def("_fused_reset", &resetFusedStats);
   m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops, int64_t patience,
-                            int64_t bypass_ops) {
+                            int64_t bypass_ops, int payoff, int timing_free) {
     auto& c = fusedConfig();
-    const auto before = py::make_tuple(c.compile_after, c.min_ops, c.max_ops, c.patience, c.bypass_ops);
+    const auto before = py::make_tuple(c.compile_after, c.min_ops, c.max_ops, c.patience, c.bypass_ops,
+                                       int(c.payoff), int(c.timing_free));
+    if (payoff >= 0) c.payoff = payoff != 0;
+    if (timing_free >= 0) c.timing_free = timing_free != 0;
     if (compile_after > 0) c.compile_after = compile_after;
     if (min_ops > 0) c.min_ops = min_ops;
     if (max_ops > 0) c.max_ops = max_ops;
@@ -206,7 +238,14 @@ void bindFused(py::module& m) {
     if (bypass_ops >= 0) c.bypass_ops = bypass_ops;
     return before;
   }, py::arg("compile_after") = 0, py::arg("min_ops") = 0, py::arg("max_ops") = 0, py::arg("patience") = 0,
-     py::arg("bypass_ops") = -1, "Sets what is given (0, -1: unchanged); returns the settings before.");
+     py::arg("bypass_ops") = -1, py::arg("payoff") = -1, py::arg("timing_free") = -1,
+     "Sets what is given (0, -1: unchanged; payoff and timing_free 0 or 1); returns the settings before.");
+  m.def("_set_fused_policy", [](py::object expect_fn, py::object learned_fn) {
+    if (expecter == nullptr) expecter = new py::object(), learner = new py::object();
+    *expecter = std::move(expect_fn);
+    *learner = std::move(learned_fn);
+    setFusedPolicy(&expect, &learned);
+  });
   m.def("_set_fused_compiler", [](py::object fn) {
     if (compiler == nullptr) compiler = new py::object();
     *compiler = std::move(fn);

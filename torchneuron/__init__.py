@@ -153,7 +153,21 @@ def _compile_fused_group(*args):
     return fused.compile_group(*args)
 
 
+def _fused_expect(key, ops):
+    """Fused eager's pay-off rule: what compiling a group should cost and save (torchneuron.compile.fused)."""
+    from .compile import fused
+
+    return fused.expect(key, ops)
+
+
+def _fused_learned(*args):
+    from .compile import fused
+
+    fused.learned(*args)
+
+
 _C._set_fused_compiler(_compile_fused_group)
+_C._set_fused_policy(_fused_expect, _fused_learned)
 neuron.eager._from_env()  # TORCHNEURON_EAGER=fused
 
 from .migrate import _env  # noqa: E402,F401  (TORCHNEURON_TRANSFER_CUDA=1: the CUDA compatibility layer)

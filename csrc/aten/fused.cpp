@@ -75,6 +75,7 @@ class Group final : public StandIns {
   const std::string& where() const { return where_; }
 
   void append(Deferred op) {
+    op_at_.push_back(tokens_.size());
     tokens_.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.kernel.op.schema())));
     lift_ = !floatsSetSizes(op.kernel.op.schema());
     lifts_.push_back(lift_);
@@ -102,6 +103,24 @@ class Group final : public StandIns {
     key.push_back(device_);
     for (const Slot* s : ordered_) key.push_back(s->is_made ? (alive(*s) ? 1 : 0) : 2);
     return key;
+  }
+
+  // The signature as another process would write it (op names for the schemas' addresses): what
+  // earlier processes learned of the group is kept under it.
+  uint64_t stableKey() const {
+    std::vector<int64_t> key = signature();
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      const auto& schema = ops_[i].kernel.op.schema();
+      key[op_at_[i]] = static_cast<int64_t>(std::hash<std::string>()(schema.name() + "." + schema.overload_name()));
+    }
+    uint64_t h = 1469598103934665603ULL;  // FNV-1a over the tokens' bytes
+    for (int64_t t : key) {
+      for (int b = 0; b < 8; ++b) {
+        h ^= static_cast<uint64_t>(t >> (8 * b)) & 0xff;
+        h *= 1099511628211ULL;
+      }
+    }
+    return h;
   }
 
   FusedDescription describe() const {
@@ -245,6 +264,7 @@ class Group final : public StandIns {
   std::vector<Slot*> ordered_;
   std::vector<Deferred> ops_;
   std::vector<int64_t> tokens_;
+  std::vector<size_t> op_at_;    // where each op's tokens begin (its schema's address)
   std::vector<double> scalars_;  // the floats the graph takes as inputs, in order
   std::vector<bool> lifts_;      // per op: whether its floats are inputs
   bool lift_ = true;
@@ -262,6 +282,8 @@ struct Known {  // a signature seen before
   // the graph's inputs; the others are constants in it (a graph is compiled again when one changes).
   std::vector<double> floats;
   std::vector<bool> varies;
+  uint64_t stable = 0;   // its key across processes (Group::stableKey), found when the policy is asked
+  bool told = false;     // what its compiled runs measured has been told to the policy
 };
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -280,7 +302,20 @@ struct State {
   int64_t backoff = 0;       // times in a row recording was tried again and did not pay: the bypass doubles
   FusedCompile compile = nullptr;
   FusedRun run = nullptr;
+  FusedExpect expect = nullptr;
+  FusedLearned learned = nullptr;
 };
+
+// Compiled runs timed before what they measured is told to the policy (after the first, left out).
+constexpr int64_t kTimedRuns = 4;
+// Without a policy: a compile costs this much a op (cold, on 2 cores: the demo's 659-op training step
+// took about a minute) and saves this fraction of a group's op-by-op time (0.07-0.13 on the benchmarks).
+constexpr double kSecondsPerOp = 0.05;
+constexpr double kGain = 0.1;
+
+int64_t since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
 
 std::atomic<FusedInterpreterLock> interpreter_lock{nullptr};
 std::atomic<FusedWhere> where_hook{nullptr};
@@ -352,8 +387,21 @@ void runGroup(State& st, Group& g, const char* reason) {
     }
   }
   const auto& config = fusedConfig();
-  if (!known.graph && !known.failed && known.stats.seen >= config.compile_after &&
-      static_cast<int64_t>(g.size()) >= config.min_ops && st.compile != nullptr) {
+  bool compile = !known.graph && !known.failed && known.stats.seen >= config.compile_after &&
+                 static_cast<int64_t>(g.size()) >= config.min_ops && st.compile != nullptr;
+  if (compile && config.payoff && !config.timing_free) {  // the pay-off rule
+    if (known.stats.expected_compile_seconds < 0) {
+      known.stable = g.stableKey();
+      FusedExpectation e;
+      if (st.expect != nullptr) e = st.expect(known.stable, g.size());
+      if (e.compile_seconds < 0) e = {kSecondsPerOp * static_cast<double>(g.size()), kGain};
+      known.stats.expected_compile_seconds = e.compile_seconds;
+      known.stats.expected_gain = e.gain;
+    }
+    compile = static_cast<double>(known.stats.op_ns) * 1e-9 * known.stats.expected_gain >=
+              known.stats.expected_compile_seconds;
+  }
+  if (compile) {
     if (!g.compilable()) {
       known.failed = true;
       known.stats.error = "an argument the graph compiler does not take (a storage read as two dtypes, a complex "
@@ -366,8 +414,7 @@ void runGroup(State& st, Group& g, const char* reason) {
       description.floats = g.scalars();
       description.lifted = known.varies;
       known.graph = st.compile(description, &error);
-      known.stats.compile_ns +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      known.stats.compile_ns += since(start);
       known.stats.compiled = known.graph != nullptr;
       if (!known.graph) {
         known.failed = true;
@@ -384,16 +431,26 @@ void runGroup(State& st, Group& g, const char* reason) {
     st.unprofitable = 0;
     st.backoff = 0;
     auto inputs = g.inputs(known.varies);
+    const auto start = std::chrono::steady_clock::now();
     st.run(known.graph.get(), inputs);
-    known.stats.fused_runs++;
+    if (known.stats.fused_runs++ > 0) known.stats.fused_ns += since(start);
+    if (known.stats.fused_runs == kTimedRuns + 1 && known.stats.op_runs > 0 && !known.told && st.learned != nullptr) {
+      known.told = true;
+      if (known.stable == 0) known.stable = g.stableKey();
+      st.learned(known.stable, g.size(), double(known.stats.compile_ns) * 1e-9,
+                 double(known.stats.op_ns) * 1e-9 / double(known.stats.op_runs),
+                 double(known.stats.fused_ns) * 1e-9 / double(kTimedRuns));
+    }
     return;
   }
-  if (static_cast<int64_t>(g.size()) < config.min_ops || known.stats.seen < 2 || known.failed) {
+  const bool never_pays = known.stats.expected_compile_seconds >= 0 && known.stats.expected_gain <= 0;
+  if (static_cast<int64_t>(g.size()) < config.min_ops || known.stats.seen < 2 || known.failed || never_pays) {
     if (++st.unprofitable >= config.patience) {
       st.unprofitable = 0;
       bypass_left.store(config.bypass_ops << std::min<int64_t>(st.backoff++, 10), std::memory_order_relaxed);
     }
   }
+  const auto start = std::chrono::steady_clock::now();  // the op-by-op run's time, for the pay-off rule
   for (auto& op : g.ops()) {
     const char* name = kernelName(op.kernel.op.schema().name());
     try {
@@ -407,6 +464,8 @@ void runGroup(State& st, Group& g, const char* reason) {
       throw;
     }
   }
+  known.stats.op_ns += since(start);
+  known.stats.op_runs++;
 }
 
 }  // namespace
@@ -436,6 +495,13 @@ void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock inte
   st.run = run;
   interpreter_lock.store(interpreter, std::memory_order_release);
   where_hook.store(where, std::memory_order_release);
+}
+
+void setFusedPolicy(FusedExpect expect, FusedLearned learned) {
+  auto& st = state();
+  std::lock_guard<std::recursive_mutex> lock(st.mutex);
+  st.expect = expect;
+  st.learned = learned;
 }
 
 void setFusedMode(bool on) {

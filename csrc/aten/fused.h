@@ -39,6 +39,20 @@ using FusedInterpreterLock = std::shared_ptr<void> (*)();
 using FusedWhere = std::string (*)();
 void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter, FusedWhere where);
 
+// What compiling a group is expected to cost and to save, asked the second time a group is seen
+// (torchneuron.compile.fused keeps what earlier processes measured beside Inductor's caches): the
+// seconds compiling it should take (less when its graph is in the cache) and the fraction of its
+// op-by-op run time a compiled run saves. And what was measured, told once a compiled group has run
+// a few times: the seconds its compile took and its mean op-by-op and compiled run times.
+struct FusedExpectation {
+  double compile_seconds = -1;
+  double gain = 0;
+};
+using FusedExpect = FusedExpectation (*)(uint64_t key, size_t ops);
+using FusedLearned = void (*)(uint64_t key, size_t ops, double compile_seconds, double op_seconds,
+                              double fused_seconds);
+void setFusedPolicy(FusedExpect expect, FusedLearned learned);
+
 // What happened so far (torchneuron.compile.fused_report()).
 struct FusedGroupStats {
   size_t ops = 0;
@@ -46,6 +60,11 @@ struct FusedGroupStats {
   int64_t fused_runs = 0;    // ... and ran as its compiled graph
   int64_t compile_ns = 0;
   bool compiled = false;
+  int64_t op_runs = 0;       // times it ran op by op, and how long that took in all
+  int64_t op_ns = 0;
+  int64_t fused_ns = 0;      // how long its compiled runs took (the first one left out)
+  double expected_compile_seconds = -1;  // the pay-off rule's view (-1: not asked yet)
+  double expected_gain = 0;
   std::string error;         // why it is not compiled, if it was tried
   std::string first_cut;     // what cut it the first time
   std::vector<std::string> op_names;  // the first ops (for the report)
@@ -60,7 +79,13 @@ FusedStats fusedStats();
 void resetFusedStats();  // also forgets the compiled groups
 
 struct FusedConfig {
-  int64_t compile_after = 2;  // a group is compiled the time it is seen this often
+  int64_t compile_after = 2;  // a group is compiled the time it is seen this often at the earliest, and
+  // then (pay-off rule) once its op-by-op runs have cost enough that what compiling saves pays for the
+  // compile: (time run op by op) x (expected gain) >= (expected compile time). Off (payoff = false), or
+  // in a process group of several processes, where time must not decide what ranks run (timing_free),
+  // it is compiled the time it is seen compile_after times.
+  bool payoff = true;
+  bool timing_free = false;
   int64_t min_ops = 32;        // smaller groups always run op by op (a compiled graph's call costs more)
   int64_t max_ops = 4096;      // a group is cut when it has this many ops
   int64_t patience = 4;        // this many unprofitable groups in a row ...

@@ -19,15 +19,19 @@ and its storages. The graph is written in the ops' own terms, in-place ops and `
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import operator
+import os
+import tempfile
+import threading
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-__all__ = ["FusedGroup", "FusedReport", "build_graph", "compile_group", "fused_report"]
+__all__ = ["FusedGroup", "FusedReport", "build_graph", "compile_group", "expect", "fused_report", "learned"]
 
 log = logging.getLogger("torchneuron")
 aten = torch.ops.aten
@@ -218,6 +222,88 @@ def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], floats: Seque
     return run
 
 
+# The pay-off rule (csrc/aten/fused.cpp): a group seen again is compiled once its op-by-op runs have
+# cost enough that what compiling saves would have paid for the compile. Its figures, before anything
+# is measured on this machine: a compile costs COLD_SECONDS_PER_OP an op with an empty cache (the
+# demo's 659-op training step took about a minute on 2 cores) and WARM_SECONDS_PER_OP with its graph
+# in the cache (3.5 s for the demo's step, 2 s of it importing Inductor), and a compiled run saves GAIN
+# of the op-by-op run (0.07-0.13 on benchmarks/bench_fused.py's models). What a process measures is
+# kept in HISTORY beside Inductor's caches, so the next process starts from it: a group's own compile
+# time and gain, and the machine's cold compile time per op.
+COLD_SECONDS_PER_OP = 0.05
+WARM_SECONDS_PER_OP = 0.006
+GAIN = 0.1
+HISTORY = "torchneuron-fused-groups.json"
+
+
+class _History:
+    """What compiling groups cost and saved in earlier processes (a JSON file in the compile cache)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.data: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any]:
+        if self.data is None:
+            from ._cache import cache_dir
+
+            self.path = os.path.join(cache_dir(), HISTORY)
+            try:
+                with open(self.path) as f:
+                    data = json.load(f)
+                self.data = data if isinstance(data, dict) and isinstance(data.get("groups"), dict) else None
+            except (OSError, ValueError):
+                self.data = None
+            if self.data is None:
+                self.data = {"groups": {}}
+        return self.data
+
+    def save(self) -> None:
+        assert self.path is not None and self.data is not None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".fused-groups-")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.data, f)
+            os.replace(tmp, self.path)  # a reader sees the old file or the new one
+        except OSError as e:
+            log.warning("fused eager: could not keep what groups measured in %s: %s", self.path, e)
+
+
+_history = _History()
+
+
+def expect(key: int, ops: int) -> tuple[float, float]:
+    """What compiling the group ``key`` (its signature's digest) of ``ops`` ops is expected to cost in
+    seconds, and the fraction of its op-by-op run time a compiled run saves (the pay-off rule's view)."""
+    with _history.lock:
+        data = _history.load()
+        group = data["groups"].get(f"{key:016x}")
+        if group is None:  # never compiled here: a cold compile
+            return float(data.get("cold_seconds_per_op", COLD_SECONDS_PER_OP)) * ops, GAIN
+        return (float(group.get("warm_seconds", WARM_SECONDS_PER_OP * ops)),
+                float(group.get("gain", GAIN)))
+
+
+def learned(key: int, ops: int, compile_seconds: float, op_seconds: float, fused_seconds: float) -> None:
+    """Keep what the group ``key`` measured: its compile took ``compile_seconds``; its runs took
+    ``op_seconds`` op by op and ``fused_seconds`` compiled (means)."""
+    with _history.lock:
+        data = _history.load()
+        name = f"{key:016x}"
+        group = data["groups"].get(name)
+        if group is None:  # it was compiled cold: the machine's rate moves towards it
+            group = data["groups"][name] = {"ops": ops}
+            rate = compile_seconds / max(ops, 1)
+            old = data.get("cold_seconds_per_op")
+            data["cold_seconds_per_op"] = rate if old is None else 0.5 * (float(old) + rate)
+        else:  # its graph came from the cache
+            group["warm_seconds"] = compile_seconds
+        if op_seconds > 0:
+            group["gain"] = 1.0 - fused_seconds / op_seconds
+        _history.save()
+
+
 @dataclasses.dataclass
 class FusedGroup:
     """One recorded group (a signature: its ops, their arguments' layouts, what stays referred to)."""
@@ -230,6 +316,19 @@ class FusedGroup:
     first_cut: str
     first_ops: list[str]
     error: str = ""
+    op_runs: int = 0
+    op_seconds: float = 0.0  # in all, run op by op
+    fused_seconds: float = 0.0  # in all, run compiled (the first run left out)
+    expected_compile_seconds: float = -1.0  # the pay-off rule's view, once asked (-1: not asked)
+    expected_gain: float = 0.0
+
+    @property
+    def waiting(self) -> str:
+        """Why a group seen again is not compiled yet (the pay-off rule), or ""."""
+        if self.compiled or self.error or self.expected_compile_seconds < 0:
+            return ""
+        return (f"pays for compiling (about {self.expected_compile_seconds:.1f} s) once its op-by-op runs, "
+                f"{self.op_seconds:.2f} s so far, x {self.expected_gain:.2f} saved reach it")
 
 
 @dataclasses.dataclass
@@ -253,6 +352,8 @@ class FusedReport:
                              f"{g.first_cut} / {' '.join(g.first_ops[:6])}")
                 if g.error:
                     lines.append(f"         not compiled: {g.error.splitlines()[0][:160]}")
+                elif g.waiting:
+                    lines.append(f"         not compiled yet: {g.waiting}")
             if len(self.groups) > 20:
                 lines.append(f"  ... {len(self.groups) - 20} more groups")
         if self.cuts:

@@ -11,6 +11,12 @@ program's order of ops. ``torch.use_deterministic_algorithms(True)`` records not
 
 The mode is process-wide, starts as ``TORCHNEURON_EAGER`` says (``op`` when unset), and is changed
 with :func:`set_eager_mode` or, for a block, :func:`eager_mode`.
+
+When a group seen again is compiled: ``TORCHNEURON_FUSED_COMPILE=payoff`` (the default) once its
+op-by-op runs have cost enough that what compiling saves pays for the compile (a minute for a large
+training step with an empty cache, seconds with its graph in the cache); ``early`` the second time it
+is seen, whatever the compile costs (a long run that should reach its fastest steps at once). In a
+process group of several processes, ``early`` is used: what ranks run must not depend on time.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from .. import _C
 __all__ = ["eager_mode", "get_eager_mode", "set_eager_mode"]
 
 MODES = ("op", "fused")
+COMPILE_RULES = ("payoff", "early")
 
 
 def get_eager_mode() -> str:
@@ -68,6 +75,10 @@ def eager_mode(mode: str) -> Iterator[None]:
 
 
 def _from_env() -> None:
+    rule = os.environ.get("TORCHNEURON_FUSED_COMPILE", "").strip().lower() or "payoff"
+    if rule not in COMPILE_RULES:
+        raise ValueError(f"TORCHNEURON_FUSED_COMPILE must be one of {', '.join(COMPILE_RULES)}, not {rule!r}")
+    _C._fused_config(payoff=int(rule == "payoff"))
     value = os.environ.get("TORCHNEURON_EAGER", "").strip().lower()
     if value in ("", "op"):
         return
