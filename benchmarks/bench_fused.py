@@ -5,12 +5,16 @@ Four tables:
 1. Steps of the model suites (bench_models' MLP and small-GPT AdamW training steps, GPT no-grad
    inference at batch 1 and 32): CPU eager, neuron op mode, neuron fused mode, neuron compiled
    (``torch.compile(backend="neuron")`` of the model, the optimizer step compiled too), timed in the
-   same interleaved rounds (a new random order each round), medians. Each neuron step ends with a
+   same interleaved rounds (a new random order each round), medians. Steady state: the fused groups
+   are compiled the second time they are seen (``early``), as the compiled variant is compiled in the
+   warm-up rounds. Each neuron step ends with a
    read of the loss (the cut a training loop has anyway).
 2. Loops that fusion cannot help: Hugging Face ``generate()`` of a small GPT-2 (random weights) with a
    growing KV cache, and a loop reading ``.item()`` every four ops: op mode against fused mode.
 3. The demo's training run end to end (its 200 steps, compiling included) in fresh processes: op mode,
-   fused mode with an empty compile cache, and fused mode with that cache filled.
+   and fused mode with an empty compile cache and with that cache filled, each with the default
+   pay-off rule (a group is compiled once its op-by-op runs have paid for compiling it) and with
+   ``TORCHNEURON_FUSED_COMPILE=early`` (compiled the second time it is seen).
 4. The fused report of the demo's training step.
 
     python benchmarks/bench_fused.py            # everything (about 15 minutes on 2 cores)
@@ -190,18 +194,24 @@ DEMO_SCRIPT = textwrap.dedent("""
 """)
 
 
+DEMO_RUNS = (("op mode", "op", "payoff"), ("fused, cold cache", "fused", "payoff"),
+             ("fused, cold, early", "fused", "early"),  # fills the cache
+             ("fused, warm cache", "fused", "payoff"), ("fused, warm, early", "fused", "early"))
+
+
 def demo_table(args: argparse.Namespace) -> tuple[list[dict], str]:
     rows = []
     report = ""
     with tempfile.TemporaryDirectory() as cache:
-        for label, mode in (("op mode", "op"), ("fused, cold cache", "fused"), ("fused, warm cache", "fused")):
-            env = dict(os.environ, TORCHNEURON_EAGER=mode, TORCHNEURON_CACHE_DIR=cache)
+        for label, mode, rule in DEMO_RUNS:
+            env = dict(os.environ, TORCHNEURON_EAGER=mode, TORCHNEURON_CACHE_DIR=cache,
+                       TORCHNEURON_FUSED_COMPILE=rule)
             out = subprocess.run([sys.executable, "-c", DEMO_SCRIPT, str(args.demo_steps), str(args.threads)],
                                  env=env, capture_output=True, text=True, check=True).stdout
             seconds = float(out.split("SECONDS", 1)[1].split()[0])
             loss = float(out.split("LOSS", 1)[1].split()[0])
             rows.append({"run": label, "seconds": seconds, "final loss": loss})
-            if mode == "fused":
+            if label == "fused, warm, early":
                 report = out.split("\n", 1)[1]
             print(f"| {label:<18} | {seconds:7.1f} s | {seconds / rows[0]['seconds']:5.2f} | {loss:.4f} |",
                   flush=True)
@@ -225,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {"threads": args.threads, "rounds": args.rounds}
     if "models" not in args.skip:
+        torchneuron._C._fused_config(payoff=0)  # the steady state
         print(f"\n| workload | {'  '.join(f'{v:>8}' for v in VARIANTS)} (ms) | fused/compiled | fused/op | "
               f"fused/cpu |")
         results["models"] = model_table(args)
+        torchneuron._C._fused_config(payoff=1)
     if "loops" not in args.skip:
         print("\n| loop | op (ms) | fused (ms) | op/fused (speed) |")
         results["loops"] = loop_table(args)

@@ -224,13 +224,16 @@ def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], floats: Seque
 
 # The pay-off rule (csrc/aten/fused.cpp): a group seen again is compiled once its op-by-op runs have
 # cost enough that what compiling saves would have paid for the compile. Its figures, before anything
-# is measured on this machine: a compile costs COLD_SECONDS_PER_OP an op with an empty cache (the
-# demo's 659-op training step took about a minute on 2 cores) and WARM_SECONDS_PER_OP with its graph
-# in the cache (3.5 s for the demo's step, 2 s of it importing Inductor), and a compiled run saves GAIN
-# of the op-by-op run (0.07-0.13 on benchmarks/bench_fused.py's models). What a process measures is
-# kept in HISTORY beside Inductor's caches, so the next process starts from it: a group's own compile
-# time and gain, and the machine's cold compile time per op.
+# is measured on this machine: a compile with an empty cache costs COLD_SECONDS plus
+# COLD_SECONDS_PER_OP an op (the demo's 659-op training step took about a minute on 2 cores), and
+# WARM_SECONDS_PER_OP an op with its graph in the cache (3.5 s for the demo's step, 2 s of it importing
+# Inductor); a compiled run saves GAIN of the op-by-op run (0.07-0.13 on benchmarks/bench_fused.py's
+# models). What a process measures is kept in HISTORY beside Inductor's caches, so the next process
+# starts from it: a group's own compile time and gain, and the machine's cold compile time per op
+# (from groups of at least RATE_OPS ops: a small group's time is mostly the fixed part).
+COLD_SECONDS = 1.0
 COLD_SECONDS_PER_OP = 0.05
+RATE_OPS = 64
 WARM_SECONDS_PER_OP = 0.006
 GAIN = 0.1
 HISTORY = "torchneuron-fused-groups.json"
@@ -280,23 +283,24 @@ def expect(key: int, ops: int) -> tuple[float, float]:
         data = _history.load()
         group = data["groups"].get(f"{key:016x}")
         if group is None:  # never compiled here: a cold compile
-            return float(data.get("cold_seconds_per_op", COLD_SECONDS_PER_OP)) * ops, GAIN
+            return COLD_SECONDS + float(data.get("cold_seconds_per_op", COLD_SECONDS_PER_OP)) * ops, GAIN
         return (float(group.get("warm_seconds", WARM_SECONDS_PER_OP * ops)),
                 float(group.get("gain", GAIN)))
 
 
 def learned(key: int, ops: int, compile_seconds: float, op_seconds: float, fused_seconds: float) -> None:
     """Keep what the group ``key`` measured: its compile took ``compile_seconds``; its runs took
-    ``op_seconds`` op by op and ``fused_seconds`` compiled (means)."""
+    ``op_seconds`` op by op (0: not measured) and ``fused_seconds`` compiled (means)."""
     with _history.lock:
         data = _history.load()
         name = f"{key:016x}"
         group = data["groups"].get(name)
         if group is None:  # it was compiled cold: the machine's rate moves towards it
             group = data["groups"][name] = {"ops": ops}
-            rate = compile_seconds / max(ops, 1)
-            old = data.get("cold_seconds_per_op")
-            data["cold_seconds_per_op"] = rate if old is None else 0.5 * (float(old) + rate)
+            if ops >= RATE_OPS:
+                rate = max(compile_seconds - COLD_SECONDS, 0.0) / ops
+                old = data.get("cold_seconds_per_op")
+                data["cold_seconds_per_op"] = rate if old is None else 0.5 * (float(old) + rate)
         else:  # its graph came from the cache
             group["warm_seconds"] = compile_seconds
         if op_seconds > 0:
