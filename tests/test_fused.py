@@ -222,6 +222,24 @@ def test_a_group_that_would_not_pay_is_not_compiled_and_the_report_says_why():
     assert "not compiled yet: pays for compiling" in str(torchneuron.compile.fused_report())
 
 
+def test_a_pay_off_rule_that_fails_warns_and_its_defaults_decide():
+    def broken(key, ops):
+        raise OSError("no cache here")
+
+    _C._set_fused_policy(broken, lambda *measured: None)
+    _C._fused_config(compile_after=2, min_ops=2, payoff=1)
+    w = torch.randn(16, 16, device="neuron")
+    with pytest.warns(RuntimeWarning, match="fused eager: the pay-off rule failed: OSError: no cache here"):
+        with torch.neuron.eager_mode("fused"):
+            for _ in range(3):
+                got = (F.gelu(w @ w) + 1).sum().item()
+    torch.testing.assert_close(got, (F.gelu(w @ w) + 1).sum().item())
+    (group,) = torchneuron.compile.fused_report().groups
+    assert not group.compiled and group.expected_gain == torchneuron.compile.fused.GAIN, group
+    expected = torchneuron.compile.fused.COLD_SECONDS + torchneuron.compile.fused.COLD_SECONDS_PER_OP * group.ops
+    assert group.expected_compile_seconds == pytest.approx(expected), group
+
+
 def test_what_a_compiled_group_measured_is_kept_for_the_next_process(tmp_path):
     """A process that compiled a group keeps its compile time and gain beside the compile cache; the
     next process, the same program, expects that group's graph to come from the cache."""

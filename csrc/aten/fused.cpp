@@ -309,8 +309,10 @@ struct State {
 
 // Compiled runs timed before what they measured is told to the policy (after the first, left out).
 constexpr int64_t kTimedRuns = 4;
-// Without a policy: a compile costs this much a op (cold, on 2 cores: the demo's 659-op training step
-// took about a minute) and saves this fraction of a group's op-by-op time (0.07-0.13 on the benchmarks).
+// Without a policy (torchneuron.compile.fused's figures, before it has measured anything): a compile
+// costs a fixed part plus this much an op (cold, on 2 cores: the demo's 659-op training step took about
+// a minute) and saves this fraction of a group's op-by-op time (0.07-0.13 on the benchmarks).
+constexpr double kColdSeconds = 1.0;
 constexpr double kSecondsPerOp = 0.05;
 constexpr double kGain = 0.1;
 
@@ -395,7 +397,7 @@ void runGroup(State& st, Group& g, const char* reason) {
       known.stable = g.stableKey();
       FusedExpectation e;
       if (st.expect != nullptr) e = st.expect(known.stable, g.size());
-      if (e.compile_seconds < 0) e = {kSecondsPerOp * static_cast<double>(g.size()), kGain};
+      if (e.compile_seconds < 0) e = {kColdSeconds + kSecondsPerOp * static_cast<double>(g.size()), kGain};
       known.stats.expected_compile_seconds = e.compile_seconds;
       known.stats.expected_gain = e.gain;
     }
