@@ -203,6 +203,8 @@ py::dict stats() {
     d["fused_seconds"] = double(g.fused_ns) * 1e-9;
     d["expected_compile_seconds"] = g.expected_compile_seconds;
     d["expected_gain"] = g.expected_gain;
+    d["skipped_runs"] = g.skipped_runs;
+    d["credited_seconds"] = double(g.credited_ns) * 1e-9;
     groups.append(d);
   }
   py::dict out;
@@ -225,10 +227,11 @@ void bindFused(py::module& m) {
   m.def("_fused_stats", &stats);
   m.def("_fused_reset", &resetFusedStats);
   m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops, int64_t patience,
-                            int64_t bypass_ops, int payoff, int timing_free) {
+                            int64_t bypass_ops, int payoff, int timing_free, int64_t skip_ahead) {
     auto& c = fusedConfig();
     const auto before = py::make_tuple(c.compile_after, c.min_ops, c.max_ops, c.patience, c.bypass_ops,
-                                       int(c.payoff), int(c.timing_free));
+                                       int(c.payoff), int(c.timing_free), c.skip_ahead);
+    if (skip_ahead >= 0) c.skip_ahead = skip_ahead;
     if (payoff >= 0) c.payoff = payoff != 0;
     if (timing_free >= 0) c.timing_free = timing_free != 0;
     if (compile_after > 0) c.compile_after = compile_after;
@@ -238,7 +241,7 @@ void bindFused(py::module& m) {
     if (bypass_ops >= 0) c.bypass_ops = bypass_ops;
     return before;
   }, py::arg("compile_after") = 0, py::arg("min_ops") = 0, py::arg("max_ops") = 0, py::arg("patience") = 0,
-     py::arg("bypass_ops") = -1, py::arg("payoff") = -1, py::arg("timing_free") = -1,
+     py::arg("bypass_ops") = -1, py::arg("payoff") = -1, py::arg("timing_free") = -1, py::arg("skip_ahead") = -1,
      "Sets what is given (0, -1: unchanged; payoff and timing_free 0 or 1); returns the settings before.");
   m.def("_set_fused_policy", [](py::object expect_fn, py::object learned_fn) {
     if (expecter == nullptr) expecter = new py::object(), learner = new py::object();

@@ -20,6 +20,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <cstring>
 #include <chrono>
 #include <deque>
@@ -285,6 +286,10 @@ struct Known {  // a signature seen before
   uint64_t stable = 0;   // its key across processes (Group::stableKey), found when the policy is asked
   bool told = false;     // what its compiled runs measured has been told to the policy
   int64_t first_op_ns = 0;  // its first op-by-op run (first-time costs: left out of what it measured)
+  int64_t last_boundary = -1;   // the host's boundaries (copies, synchronizations) when it was last cut,
+  int64_t boundaries_between = 1;  // and how many come between two of its cuts
+  int64_t skipping = 0;   // occurrences it let run unrecorded from its last cut on (at most)
+  int64_t mean_op_ns = 0;  // its mean op-by-op run, then
 };
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -345,8 +350,24 @@ std::atomic<bool> pending{false};    // a group is being recorded
 std::atomic<int64_t> bypass_left{0};  // ops left to run without recording
 std::atomic<int64_t> bypassed{0};
 std::atomic<int> in_flight{0};       // a group is running (on some thread): a cut waits for it
+// The host's boundaries: copies to or from the host and synchronizations, where a group is always cut
+// (they also come with nothing recorded). While a group waits for its compile to pay, most of its
+// occurrences run unrecorded: recording resumes after this many more boundaries, where a group begins.
+std::atomic<int64_t> boundaries{0};
+std::atomic<int64_t> skip_boundaries{0};
+
+bool boundary(const char* what) {
+  return std::strncmp(what, "Memcpy DtoH", 11) == 0 || std::strncmp(what, "Memcpy HtoD", 11) == 0 ||
+         std::strcmp(what, "copy") == 0 || std::strcmp(what, "synchronize") == 0 ||
+         std::strcmp(what, "stream synchronize") == 0 || std::strcmp(what, "stream query") == 0 ||
+         std::strcmp(what, "wait_event") == 0 || std::strcmp(what, "event record") == 0;
+}
 
 void handOver(const char* what) {
+  if (!running_group && boundary(what)) {
+    boundaries.fetch_add(1, std::memory_order_relaxed);
+    if (skip_boundaries.load(std::memory_order_relaxed) > 0) skip_boundaries.fetch_sub(1, std::memory_order_relaxed);
+  }
   if (pending.load(std::memory_order_acquire) || in_flight.load(std::memory_order_acquire) > 0) flushFused(what);
 }
 
@@ -378,6 +399,17 @@ void runGroup(State& st, Group& g, const char* reason) {
     st.order.push_back(&known);
   }
   known.stats.seen++;
+  const int64_t now = boundaries.load(std::memory_order_relaxed);
+  if (known.skipping > 0) {  // the occurrences skipped since its last cut, credited with its mean op-by-op time
+    const int64_t skipped = std::clamp<int64_t>((now - known.last_boundary) / known.boundaries_between - 1, 0,
+                                                known.skipping);
+    known.stats.skipped_runs += skipped;
+    known.stats.credited_ns += skipped * known.mean_op_ns;
+    known.skipping = 0;
+  } else if (known.last_boundary >= 0) {
+    known.boundaries_between = std::max<int64_t>(now - known.last_boundary, 1);
+  }
+  known.last_boundary = now;
   if (fresh) {
     known.floats = g.scalars();
     known.varies.assign(known.floats.size(), false);
@@ -392,6 +424,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   const auto& config = fusedConfig();
   bool compile = !known.graph && !known.failed && known.stats.seen >= config.compile_after &&
                  static_cast<int64_t>(g.size()) >= config.min_ops && st.compile != nullptr;
+  bool waiting = false;
   if (compile && config.payoff && !config.timing_free) {  // the pay-off rule
     if (known.stats.expected_compile_seconds < 0) {
       known.stable = g.stableKey();
@@ -401,8 +434,10 @@ void runGroup(State& st, Group& g, const char* reason) {
       known.stats.expected_compile_seconds = e.compile_seconds;
       known.stats.expected_gain = e.gain;
     }
-    compile = static_cast<double>(known.stats.op_ns) * 1e-9 * known.stats.expected_gain >=
-              known.stats.expected_compile_seconds;
+    // Its first op-by-op run is left out (first-time costs, which compiling does not save).
+    const int64_t ran = known.stats.op_ns - known.first_op_ns + known.stats.credited_ns;
+    compile = static_cast<double>(ran) * 1e-9 * known.stats.expected_gain >= known.stats.expected_compile_seconds;
+    waiting = !compile && known.stats.expected_gain > 0;
   }
   if (compile) {
     if (!g.compilable()) {
@@ -471,12 +506,30 @@ void runGroup(State& st, Group& g, const char* reason) {
   const auto took = since(start);
   if (known.stats.op_runs++ == 0) known.first_op_ns = took;
   known.stats.op_ns += took;
+  if (waiting && config.skip_ahead > 0 && known.stats.op_runs >= 2) {
+    // Far from paying: its next occurrences (a quarter of those still needed, at most skip_ahead) run
+    // unrecorded, through op mode's path, and are credited with its mean op-by-op time when it is next
+    // seen. Recording resumes at a boundary, so the groups recorded after it begin where they would have.
+    const double mean_ns = double(known.stats.op_ns - known.first_op_ns) / double(known.stats.op_runs - 1);
+    const double still = known.stats.expected_compile_seconds * 1e9 / known.stats.expected_gain -
+                         double(known.stats.op_ns - known.first_op_ns + known.stats.credited_ns);
+    const auto skip = std::min<int64_t>(static_cast<int64_t>(still / mean_ns / 4), config.skip_ahead);
+    if (skip >= 2) {
+      known.skipping = skip;
+      known.mean_op_ns = static_cast<int64_t>(mean_ns);
+      skip_boundaries.store(skip * known.boundaries_between, std::memory_order_relaxed);
+    }
+  }
 }
 
 }  // namespace
 
 bool fusedRecordsNext() {
   if (running_group) return false;
+  if (skip_boundaries.load(std::memory_order_relaxed) > 0 && !pending.load(std::memory_order_acquire)) {
+    bypassed.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   if (bypass_left.load(std::memory_order_relaxed) <= 0 || pending.load(std::memory_order_acquire)) return true;
   if (bypass_left.fetch_sub(1, std::memory_order_relaxed) <= 0) {  // another thread took the last one
     bypass_left.fetch_add(1, std::memory_order_relaxed);
@@ -602,6 +655,7 @@ void resetFusedStats() {
   st.recorded = 0;
   bypassed.store(0, std::memory_order_relaxed);
   bypass_left.store(0, std::memory_order_relaxed);
+  skip_boundaries.store(0, std::memory_order_relaxed);
   st.unprofitable = 0;
   st.backoff = 0;
 }

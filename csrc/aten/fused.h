@@ -65,6 +65,8 @@ struct FusedGroupStats {
   int64_t fused_ns = 0;      // how long its compiled runs took (the first one left out)
   double expected_compile_seconds = -1;  // the pay-off rule's view (-1: not asked yet)
   double expected_gain = 0;
+  int64_t skipped_runs = 0;  // occurrences run unrecorded while it waited for its compile to pay,
+  int64_t credited_ns = 0;   // and the op-by-op time they were credited with
   std::string error;         // why it is not compiled, if it was tried
   std::string first_cut;     // what cut it the first time
   std::vector<std::string> op_names;  // the first ops (for the report)
@@ -73,7 +75,8 @@ struct FusedStats {
   std::vector<FusedGroupStats> groups;
   std::map<std::string, int64_t> cuts;  // what cut groups, how often
   int64_t recorded_ops = 0;
-  int64_t bypassed_ops = 0;  // run op by op without recording, after groups fusing did not pay for
+  int64_t bypassed_ops = 0;  // run op by op without recording: after groups fusing did not pay for, or
+                             // while a group waits for its compile to pay
 };
 FusedStats fusedStats();
 void resetFusedStats();  // also forgets the compiled groups
@@ -86,6 +89,8 @@ struct FusedConfig {
   // it is compiled the time it is seen compile_after times.
   bool payoff = true;
   bool timing_free = false;
+  int64_t skip_ahead = 32;  // while a group waits to pay, up to this many of its occurrences in a row run
+                            // unrecorded (op mode's path), each credited with its mean op-by-op time
   int64_t min_ops = 32;        // smaller groups always run op by op (a compiled graph's call costs more)
   int64_t max_ops = 4096;      // a group is cut when it has this many ops
   int64_t patience = 4;        // this many unprofitable groups in a row ...

@@ -160,9 +160,10 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
                        : !from_device && !queued ? self
                                                  : view(self);
   // A copy is work of the device's current stream (the source's, between devices), named as
-  // CUDA's profiler names its copies. The name is only read while activity is recorded, and
-  // asking whether host memory is pinned takes the runtime's lock: only then is it asked.
-  const char* name = "Memcpy";
+  // CUDA's profiler names its copies. Asking whether host memory is pinned takes the runtime's
+  // lock: it is only asked while activity is recorded. Its direction is in the name always (fused
+  // eager tells the host's boundaries by it).
+  const char* name = from_device && to_device ? "Memcpy DtoD" : to_device ? "Memcpy HtoD" : "Memcpy DtoH";
   if (rt::activityRecording()) {
     name = from_device && to_device ? "Memcpy DtoD (Device -> Device)"
            : to_device ? (rt::isHostPinned(self.const_data_ptr()) ? "Memcpy HtoD (Pinned -> Device)"

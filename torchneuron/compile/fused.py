@@ -325,14 +325,18 @@ class FusedGroup:
     fused_seconds: float = 0.0  # in all, run compiled (the first run left out)
     expected_compile_seconds: float = -1.0  # the pay-off rule's view, once asked (-1: not asked)
     expected_gain: float = 0.0
+    skipped_runs: int = 0  # occurrences run unrecorded while it waited for its compile to pay,
+    credited_seconds: float = 0.0  # and the op-by-op time they were credited with
 
     @property
     def waiting(self) -> str:
         """Why a group seen again is not compiled yet (the pay-off rule), or ""."""
         if self.compiled or self.error or self.expected_compile_seconds < 0:
             return ""
-        return (f"pays for compiling (about {self.expected_compile_seconds:.1f} s) once its op-by-op runs, "
-                f"{self.op_seconds:.2f} s so far, x {self.expected_gain:.2f} saved reach it")
+        ran = self.op_seconds + self.credited_seconds
+        skipped = f", {self.skipped_runs} of them skipped unrecorded" if self.skipped_runs else ""
+        return (f"pays for compiling (about {self.expected_compile_seconds:.1f} s) once its op-by-op runs "
+                f"({ran:.2f} s so far{skipped}) x {self.expected_gain:.2f} saved reach it")
 
 
 @dataclasses.dataclass
@@ -347,8 +351,8 @@ class FusedReport:
 
     def __str__(self) -> str:
         lines = [f"fused eager: mode {self.mode}, {self.recorded_ops} ops recorded, {len(self.groups)} groups, "
-                 f"{sum(g.compiled for g in self.groups)} compiled, {self.bypassed_ops} ops run op by op after "
-                 f"groups fusing did not pay for"]
+                 f"{sum(g.compiled for g in self.groups)} compiled, {self.bypassed_ops} ops run unrecorded "
+                 f"(fusing did not pay, or not yet)"]
         if self.groups:
             lines.append(f"  {'ops':>6} {'seen':>6} {'fused':>6} {'compile s':>9}  first cut / first ops")
             for g in sorted(self.groups, key=lambda g: -g.seen * g.ops)[:20]:
