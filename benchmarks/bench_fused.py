@@ -13,8 +13,10 @@ Four tables:
    growing KV cache, and a loop reading ``.item()`` every four ops: op mode against fused mode.
 3. The demo's training run end to end (its 200 steps, compiling included) in fresh processes: op mode,
    and fused mode with an empty compile cache and with that cache filled, each with the default
-   pay-off rule (a group is compiled once its op-by-op runs have paid for compiling it) and with
-   ``TORCHNEURON_FUSED_COMPILE=early`` (compiled the second time it is seen).
+   pay-off rule (a group is compiled once its op-by-op runs have paid for compiling it; op mode and
+   these interleaved over 3 rounds, medians) and once with ``TORCHNEURON_FUSED_COMPILE=early``
+   (compiled the second time it is seen), and the model under ``torch.compile`` (op mode), with an
+   empty cache and a warm one: what compiled code itself costs end to end.
 4. The fused report of the demo's training step.
 
     python benchmarks/bench_fused.py            # everything (about 15 minutes on 2 cores)
@@ -187,34 +189,55 @@ DEMO_SCRIPT = textwrap.dedent("""
     config = demo.demo_config(tok.vocab_size)
     start = time.perf_counter()
     run = demo.RunResult(name="device", device="neuron", tokens_per_step=demo.BATCH_SIZE * config.block_size)
-    demo._train(run, demo._build_model(config, 0, "neuron"), data, steps, 0, progress=False)
+    demo._train(run, demo._build_model(config, 0, "neuron"), data, steps, 0, progress=False,
+                compile_model=sys.argv[3] == "compile")
     print("SECONDS", time.perf_counter() - start, "LOSS", run.losses[-1])
     if torch.neuron.get_eager_mode() == "fused":
         print(torchneuron.compile.fused_report())
 """)
 
 
-DEMO_RUNS = (("op mode", "op", "payoff"), ("fused, cold cache", "fused", "payoff"),
-             ("fused, cold, early", "fused", "early"),  # fills the cache
-             ("fused, warm cache", "fused", "payoff"), ("fused, warm, early", "fused", "early"))
+def _demo_run(args: argparse.Namespace, mode: str, rule: str, cache: str, how: str = "eager"
+              ) -> tuple[float, float, str]:
+    env = dict(os.environ, TORCHNEURON_EAGER=mode, TORCHNEURON_CACHE_DIR=cache, TORCHNEURON_FUSED_COMPILE=rule)
+    out = subprocess.run([sys.executable, "-c", DEMO_SCRIPT, str(args.demo_steps), str(args.threads), how],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    seconds = float(out.split("SECONDS", 1)[1].split()[0])
+    loss = float(out.split("LOSS", 1)[1].split()[0])
+    return seconds, loss, out.split("\n", 1)[1]
 
 
 def demo_table(args: argparse.Namespace) -> tuple[list[dict], str]:
+    """The demo end to end in fresh processes. ``early`` runs once each: with an empty cache (which
+    fills it) and then warm. The default rule's runs and op mode are interleaved over ``demo_rounds``
+    rounds (a new empty cache for each cold run), medians."""
     rows = []
     report = ""
-    with tempfile.TemporaryDirectory() as cache:
-        for label, mode, rule in DEMO_RUNS:
-            env = dict(os.environ, TORCHNEURON_EAGER=mode, TORCHNEURON_CACHE_DIR=cache,
-                       TORCHNEURON_FUSED_COMPILE=rule)
-            out = subprocess.run([sys.executable, "-c", DEMO_SCRIPT, str(args.demo_steps), str(args.threads)],
-                                 env=env, capture_output=True, text=True, check=True).stdout
-            seconds = float(out.split("SECONDS", 1)[1].split()[0])
-            loss = float(out.split("LOSS", 1)[1].split()[0])
-            rows.append({"run": label, "seconds": seconds, "final loss": loss})
-            if label == "fused, warm, early":
-                report = out.split("\n", 1)[1]
-            print(f"| {label:<18} | {seconds:7.1f} s | {seconds / rows[0]['seconds']:5.2f} | {loss:.4f} |",
-                  flush=True)
+    with tempfile.TemporaryDirectory() as warm:
+        once = {}
+        for label in ("fused, cold, early", "fused, warm, early"):  # the first fills the cache
+            once[label] = _demo_run(args, "fused", "early", warm)
+        report = once["fused, warm, early"][2]
+        with tempfile.TemporaryDirectory() as compiled:  # torch.compile(model), as the demo's compiled run
+            for label in ("torch.compile, cold", "torch.compile, warm"):
+                once[label] = _demo_run(args, "op", "payoff", compiled, "compile")
+        samples: dict[str, list[tuple[float, float, str]]] = {"op mode": [], "fused, cold cache": [],
+                                                             "fused, warm cache": []}
+        for _ in range(args.demo_rounds):
+            samples["op mode"].append(_demo_run(args, "op", "payoff", warm))
+            with tempfile.TemporaryDirectory() as cold:
+                samples["fused, cold cache"].append(_demo_run(args, "fused", "payoff", cold))
+            samples["fused, warm cache"].append(_demo_run(args, "fused", "payoff", warm))
+        op = statistics.median(s[0] for s in samples["op mode"])
+        for label, runs in samples.items():
+            seconds = statistics.median(s[0] for s in runs)
+            rows.append({"run": label, "seconds": seconds, "runs": [s[0] for s in runs], "final loss": runs[0][1]})
+        for label, (seconds, loss, _) in once.items():
+            rows.append({"run": label, "seconds": seconds, "runs": [seconds], "final loss": loss})
+        for r in rows:
+            print(f"| {r['run']:<18} | {r['seconds']:7.1f} s | {r['seconds'] / op:5.2f} | "
+                  f"{' '.join(f'{x:.1f}' for x in r['runs'])} | {r['final loss']:.4f} |", flush=True)
+        report = samples["fused, cold cache"][-1][2] + "\n" + report
     return rows, report
 
 
@@ -225,11 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--inner", type=int, default=3)
     parser.add_argument("--demo-steps", type=int, default=200)
+    parser.add_argument("--demo-rounds", type=int, default=3, help="interleaved rounds of the demo's default-rule runs")
     parser.add_argument("--quick", action="store_true", help="3 rounds, the demo with 40 steps")
     parser.add_argument("--skip", nargs="*", default=[], choices=["models", "loops", "demo"])
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.inner, args.demo_steps = 3, 2, 40
+        args.rounds, args.inner, args.demo_steps, args.demo_rounds = 3, 2, 40, 1
     torch.set_num_threads(args.threads)
     import torchneuron  # noqa: F401
 
@@ -244,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| loop | op (ms) | fused (ms) | op/fused (speed) |")
         results["loops"] = loop_table(args)
     if "demo" not in args.skip:
-        print(f"\n| demo, {args.demo_steps} steps | time | /op | final loss |")
+        print(f"\n| demo, {args.demo_steps} steps | time (median) | /op | runs (s) | final loss |")
         results["demo"], report = demo_table(args)
         print("\n" + report)
         results["demo_report"] = report
