@@ -19,7 +19,7 @@ Four tables:
    empty cache and a warm one: what compiled code itself costs end to end.
 4. The fused report of the demo's training step.
 
-    python benchmarks/bench_fused.py            # everything (about 15 minutes on 2 cores)
+    python benchmarks/bench_fused.py            # everything (about 20 minutes on 2 cores)
     python benchmarks/bench_fused.py --quick    # fewer rounds, the demo with 40 steps
 """
 

@@ -1,5 +1,6 @@
 // Fused eager: ops on neuron tensors recorded into a group instead of run; the group runs at a cut,
-// as one compiled graph once the same group has been seen often enough, else op by op.
+// as one compiled graph once the same group has been seen again and compiling it pays (the pay-off
+// rule, runGroup), else op by op.
 //
 // Recording is the asynchronous mode's deferral (deferred.cpp) with one table of stand-ins for the
 // whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
@@ -11,8 +12,8 @@
 // strides, offsets and dtypes, which storages they share, and which of the storages the group made
 // are still referred to when it runs. The compiled graph (torchneuron/compile/fused.py) reads the
 // storages from before the group and writes those still referred to; the others (intermediates)
-// live only inside it. A group seen too seldom, or that does not compile, runs op by op, exactly as
-// the ops would have run.
+// live only inside it. A group seen too seldom, not yet paying for its compile, or that does not
+// compile, runs op by op, exactly as the ops would have run.
 #include "fused.h"
 
 #include <ATen/Context.h>
