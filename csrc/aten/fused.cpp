@@ -290,7 +290,13 @@ struct Known {  // a signature seen before
   int64_t last_boundary = -1;   // the host's boundaries (copies, synchronizations) when it was last cut,
   int64_t boundaries_between = 1;  // and how many come between two of its cuts
   int64_t skipping = 0;   // occurrences it let run unrecorded from its last cut on (at most)
-  int64_t mean_op_ns = 0;  // its mean op-by-op run, then
+
+  // Its op-by-op runs after the first (first-time costs, which compiling does not save, left out):
+  // their time in all, and their mean (0 when there are none).
+  int64_t laterOpNs() const { return stats.op_ns - first_op_ns; }
+  double meanLaterOpNs() const {
+    return stats.op_runs > 1 ? double(laterOpNs()) / double(stats.op_runs - 1) : 0.0;
+  }
 };
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -365,7 +371,7 @@ bool boundary(const char* what) {
 }
 
 void handOver(const char* what) {
-  if (!running_group && boundary(what)) {
+  if (fusedMode() && !running_group && boundary(what)) {  // (only fused mode skips; op mode's launches pay nothing)
     boundaries.fetch_add(1, std::memory_order_relaxed);
     if (skip_boundaries.load(std::memory_order_relaxed) > 0) skip_boundaries.fetch_sub(1, std::memory_order_relaxed);
   }
@@ -405,7 +411,7 @@ void runGroup(State& st, Group& g, const char* reason) {
     const int64_t skipped = std::clamp<int64_t>((now - known.last_boundary) / known.boundaries_between - 1, 0,
                                                 known.skipping);
     known.stats.skipped_runs += skipped;
-    known.stats.credited_ns += skipped * known.mean_op_ns;
+    known.stats.credited_ns += static_cast<int64_t>(double(skipped) * known.meanLaterOpNs());
     known.skipping = 0;
   } else if (known.last_boundary >= 0) {
     known.boundaries_between = std::max<int64_t>(now - known.last_boundary, 1);
@@ -435,8 +441,7 @@ void runGroup(State& st, Group& g, const char* reason) {
       known.stats.expected_compile_seconds = e.compile_seconds;
       known.stats.expected_gain = e.gain;
     }
-    // Its first op-by-op run is left out (first-time costs, which compiling does not save).
-    const int64_t ran = known.stats.op_ns - known.first_op_ns + known.stats.credited_ns;
+    const int64_t ran = known.laterOpNs() + known.stats.credited_ns;
     compile = static_cast<double>(ran) * 1e-9 * known.stats.expected_gain >= known.stats.expected_compile_seconds;
     waiting = !compile && known.stats.expected_gain > 0;
   }
@@ -476,9 +481,7 @@ void runGroup(State& st, Group& g, const char* reason) {
     if (known.stats.fused_runs == kTimedRuns + 1 && !known.told && st.learned != nullptr) {
       known.told = true;
       if (known.stable == 0) known.stable = g.stableKey();
-      const auto later_runs = known.stats.op_runs - 1;  // its op-by-op runs after the first (0: unknown)
-      st.learned(known.stable, g.size(), double(known.stats.compile_ns) * 1e-9,
-                 later_runs > 0 ? double(known.stats.op_ns - known.first_op_ns) * 1e-9 / double(later_runs) : 0.0,
+      st.learned(known.stable, g.size(), double(known.stats.compile_ns) * 1e-9, known.meanLaterOpNs() * 1e-9,
                  double(known.stats.fused_ns) * 1e-9 / double(kTimedRuns));
     }
     return;
@@ -511,13 +514,11 @@ void runGroup(State& st, Group& g, const char* reason) {
     // Far from paying: its next occurrences (a quarter of those still needed, at most skip_ahead) run
     // unrecorded, through op mode's path, and are credited with its mean op-by-op time when it is next
     // seen. Recording resumes at a boundary, so the groups recorded after it begin where they would have.
-    const double mean_ns = double(known.stats.op_ns - known.first_op_ns) / double(known.stats.op_runs - 1);
     const double still = known.stats.expected_compile_seconds * 1e9 / known.stats.expected_gain -
-                         double(known.stats.op_ns - known.first_op_ns + known.stats.credited_ns);
-    const auto skip = std::min<int64_t>(static_cast<int64_t>(still / mean_ns / 4), config.skip_ahead);
+                         double(known.laterOpNs() + known.stats.credited_ns);
+    const auto skip = std::min<int64_t>(static_cast<int64_t>(still / known.meanLaterOpNs() / 4), config.skip_ahead);
     if (skip >= 2) {
-      known.skipping = skip;
-      known.mean_op_ns = static_cast<int64_t>(mean_ns);
+      known.skipping = skip;  // its mean stays as it is until it is seen again: the credit's rate
       skip_boundaries.store(skip * known.boundaries_between, std::memory_order_relaxed);
     }
   }
