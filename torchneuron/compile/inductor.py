@@ -59,7 +59,6 @@ from torch._inductor.codegen import common as _common
 from torch._inductor.codegen import cpp as _cpp
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_flex_attention_template import CppFlexAttentionTemplate
-from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
 from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
 from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -549,8 +548,10 @@ def register() -> None:
     from torch._dynamo.callback import callback_handler
 
     callback_handler.register_end_callback(_close_opened_scope)
+    from .aoti import NeuronCppWrapper
+
     if _common.get_scheduling_for_device(DEVICE) is None:
-        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, CppWrapperCpu,
+        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, NeuronCppWrapper,
                                             WrapperFxCodegen, device_custom_pass=_NeuronGraphPass(),
                                             device_custom_config=_codegen_config)
 
