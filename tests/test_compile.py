@@ -518,13 +518,9 @@ def test_modes_accepted(backend, mode):
     torch.testing.assert_close(got.cpu(), f(x, w), **TOL)
 
 
-def test_unknown_mode_and_cpp_wrapper_rejected():
+def test_unknown_mode_rejected():
     with pytest.raises(Exception, match="mode"):
         torch.compile(lambda x: x + 1, backend="neuron", mode="fastest")(torch.ones(2, device="neuron"))
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="cpp_wrapper"):
-        torch.compile(lambda x: x + 1, backend="neuron", options={"cpp_wrapper": True})(
-            torch.ones(2, device="neuron"))
 
 
 def test_import_torch_loads_no_compiler(run_python):

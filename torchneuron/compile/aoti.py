@@ -170,6 +170,32 @@ class NeuronCppWrapper(CppWrapperCpu):
             self.prefix.writeline(f"device_idx_ = {_graph_device_index()};")
         self.prefix.writeline("}")
 
+    def _write_input_unpacking(self) -> None:
+        super()._write_input_unpacking()
+        if not V.graph.aot_mode or V.graph.is_const_graph:
+            return
+        # A packaged model checks that each tensor input is on its device: its kernels address memory
+        # directly, and a tensor of another device would be read as if it were device memory.
+        self.used_cached_devices.add(_SHIM_DEVICE)
+        for idx, (name, value) in enumerate(V.graph.graph_inputs.items()):
+            device = value.get_device() if hasattr(value, "get_device") else None
+            if device is None or device.type != DEVICE:
+                continue
+            self.prefix.splice(
+                f"""
+                {{
+                    int32_t device_type, device_index;
+                    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type({name}, &device_type));
+                    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index({name}, &device_index));
+                    if (device_type != cached_torch_device_type_{_SHIM_DEVICE} || device_index != device_idx_) {{
+                        throw std::runtime_error("input {idx} of this model must be a tensor on neuron:" +
+                            std::to_string(device_idx_) + " (the device it was compiled for); move it there "
+                            "with .to(\\"neuron:" + std::to_string(device_idx_) + "\\")");
+                    }}
+                }}
+                """
+            )
+
     def _write_constants_unpacking(self) -> None:
         if V.graph.aot_mode and not V.graph.is_const_graph and V.graph.constants:
             self._write_constants_to_device()

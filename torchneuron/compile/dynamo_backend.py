@@ -15,8 +15,9 @@ modes (:func:`options_for`) and adds
   guards have just checked them (graphs AOTAutograd feeds itself, the
   backward ones, keep their checks).
 
-Other candidates are left out: ``cpp_wrapper`` and CUDA graphs do not exist
-for the device, ``freezing`` bakes parameters into inference graphs, and
+Other candidates are left out: CUDA graphs do not exist for the device
+(``cpp_wrapper=True`` is accepted as on the default backend, see
+:mod:`torchneuron.compile.aoti`), ``freezing`` bakes parameters into inference graphs, and
 ``size_asserts=False`` also drops the checks that a device kernel's output
 strides match its meta function's.
 """
@@ -89,9 +90,6 @@ def neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str
     unknown = [k for k in patches if k not in known]
     if unknown:
         raise RuntimeError(f"Unexpected optimization option(s) {unknown} for backend='neuron'")
-    if patches.get("cpp_wrapper"):
-        raise RuntimeError("cpp_wrapper is not supported on neuron: Inductor's C++ wrapper does not know the device; "
-                           "leave it off (the Python wrapper calls the same C++ kernels)")
     with _codegen_config.patch(NEURON_CONFIG), inductor.neuron_compile():
         return compile_fx(gm, example_inputs, config_patches=patches, inner_compile=_inner_compile)
 

@@ -15,10 +15,11 @@ Importing it registers, once:
 Nothing imports it at ``import torch``: Inductor looks up ``Scheduling``,
 ``PythonWrapperCodegen`` and ``CppWrapperCodegen`` on the device module
 (``torch.neuron``) the first time it compiles. The first two load this
-module, which registers everything; ``torch.neuron`` has no
-``CppWrapperCodegen`` (Inductor's C++ wrapper does not know the device), so
-Inductor keeps this module's registration, including the per-device config
-that versions the cache keys.
+module, which registers everything, the C++ wrapper of AOTInductor and
+``cpp_wrapper=True`` included (:mod:`torchneuron.compile.aoti`);
+``torch.neuron`` has no ``CppWrapperCodegen``, so Inductor keeps this
+module's registration, including the per-device config that versions the
+cache keys.
 
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton, or that
@@ -533,8 +534,11 @@ def register() -> None:
     # PyTorch's own devices first, whichever compile comes first: the order of the registered device
     # passes is part of every graph's FX cache key, a CPU graph's included.
     _common.init_backend_registration()
+    from . import aoti
+
     digest = hashlib.sha256()
-    for path in (__file__, flex_attention.__file__):  # the code generators and the FlexAttention lowering
+    # the code generators (Python and C++ wrappers) and the FlexAttention lowering
+    for path in (__file__, aoti.__file__, flex_attention.__file__):
         with open(path, "rb") as source:
             digest.update(source.read())
     _codegen_config.codegen_version = digest.hexdigest()[:16]
@@ -548,10 +552,8 @@ def register() -> None:
     from torch._dynamo.callback import callback_handler
 
     callback_handler.register_end_callback(_close_opened_scope)
-    from .aoti import NeuronCppWrapper
-
     if _common.get_scheduling_for_device(DEVICE) is None:
-        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, NeuronCppWrapper,
+        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, aoti.NeuronCppWrapper,
                                             WrapperFxCodegen, device_custom_pass=_NeuronGraphPass(),
                                             device_custom_config=_codegen_config)
 
