@@ -1,0 +1,120 @@
+"""vLLM's worker on ``neuron:LOCAL_RANK``: the device, its process group and the KV cache's size.
+
+:class:`NeuronWorker` is vLLM's CPU worker with three differences:
+
+* the device is ``neuron:local_rank`` (``torch.neuron.set_device``), and tensor
+  parallel ranks talk through the ``neuron`` process group;
+* the memory the worker may use is the device's capacity
+  (``TORCHNEURON_DEVICE_MEMORY``) times ``gpu_memory_utilization``, and the KV
+  cache gets what the weights and the profiling run left of it (measured with
+  ``torch.neuron.memory_allocated``), not a share of host RAM;
+* a model or cache that does not fit stops the engine with vLLM's ``ValueError``
+  saying what to change, before anything is allocated past the capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from vllm.utils.mem_utils import format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+
+from . import patches
+from .model_runner import NeuronModelRunner
+
+__all__ = ["NeuronWorker"]
+
+logger = logging.getLogger("torchneuron")
+
+
+class NeuronWorker(CPUWorker):
+    """A vLLM worker whose model, KV cache and inputs live on ``neuron:local_rank``."""
+
+    def __init__(self, vllm_config, local_rank: int, rank: int, distributed_init_method: str,
+                 is_driver_worker: bool = False) -> None:
+        # vLLM's CPU worker binds a NUMA node and checks host RAM here; the device has its own memory.
+        Worker.__init__(self, vllm_config, local_rank, rank, distributed_init_method,
+                        is_driver_worker=is_driver_worker)
+        self.parallel_config.disable_custom_all_reduce = True
+        count = torch.neuron.device_count()
+        if local_rank >= count:
+            raise ValueError(f"vLLM worker {rank} needs neuron:{local_rank}, but there are {count} neuron "
+                             f"device(s) (TORCHNEURON_NUM_DEVICES); lower tensor_parallel_size")
+        self.capacity = torch.neuron.get_device_properties(local_rank).total_memory
+        utilization = self.cache_config.gpu_memory_utilization
+        self.requested_memory = int(self.capacity * utilization)
+
+    def init_device(self) -> None:
+        self.device = torch.device("neuron", self.local_rank)
+        torch.neuron.set_device(self.device)
+        init_method = self.distributed_init_method
+        # vLLM's CPU ops name their shared memory after this (the CPU worker sets it the same way).
+        os.environ["VLLM_DIST_IDENT"] = (os.path.basename(init_method.removeprefix("file://"))
+                                         if init_method.startswith("file://") else init_method.split(":")[-1])
+        from vllm.platforms import current_platform
+
+        init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
+                                            self.local_rank, current_platform.dist_backend)
+        set_random_seed(self.model_config.seed)
+        patches.apply()
+        self._patched = True
+        self.model_runner = NeuronModelRunner(self.vllm_config, self.device)
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: the device's share for vLLM less what the model and a profiling run hold."""
+        if self._should_warm_up_model():
+            self.model_runner.warming_up_model()
+        index = self.device.index
+        used = torch.neuron.max_memory_allocated(index)
+        free, _ = torch.neuron.mem_get_info(index)
+        utilization = self.cache_config.gpu_memory_utilization
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            if explicit > free:
+                raise ValueError(
+                    f"neuron:{index} has {format_gib(free)} GiB free of {format_gib(self.capacity)} GiB, less than "
+                    f"the {format_gib(explicit)} GiB asked for the KV cache (kv_cache_memory_bytes). Lower "
+                    f"kv_cache_memory_bytes, or raise TORCHNEURON_DEVICE_MEMORY.")
+            logger.info("neuron:%d: KV cache %s GiB (set explicitly)", index, format_gib(explicit))
+            return explicit
+        available = self.requested_memory - used
+        if available <= 0:
+            raise ValueError(
+                f"The model needs {format_gib(used)} GiB on neuron:{index}, more than the "
+                f"{format_gib(self.requested_memory)} GiB that gpu_memory_utilization={utilization} allows of its "
+                f"{format_gib(self.capacity)} GiB, leaving nothing for the KV cache. Raise "
+                f"gpu_memory_utilization or TORCHNEURON_DEVICE_MEMORY, or use a smaller model or "
+                f"tensor_parallel_size > 1.")
+        logger.info("neuron:%d: KV cache %s GiB (%s GiB x %.2f, less %s GiB for the model and activations)",
+                    index, format_gib(available), format_gib(self.capacity), utilization, format_gib(used))
+        return available
+
+    def device_memory(self) -> dict:
+        """The worker's device, its capacity and what is allocated there (for ``LLM.collective_rpc``)."""
+        return {"device": str(self.device), "capacity": self.capacity,
+                "allocated": torch.neuron.memory_allocated(self.device),
+                "kv_cache_bytes": sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                       for t in _tensors(self.model_runner.kv_caches)}.values())}
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            if getattr(self, "_patched", False):
+                self._patched = False
+                patches.undo()
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
