@@ -1,7 +1,8 @@
 """A small Llama with random weights and a byte-level BPE tokenizer, saved as a Hugging Face model directory.
 
 vLLM's CPU attention needs a head size of at least 32; 2 key-value heads let
-tensor parallelism split them over 2 ranks. Run as ``python vllm_tiny_llama.py DIR``.
+tensor parallelism split them over 2 ranks. Run as ``python vllm_tiny_llama.py DIR [HIDDEN LAYERS HEADS]``
+(benchmarks/bench_serving.py builds a larger one).
 """
 
 import json
@@ -12,7 +13,7 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "hello world, this is a s
         "a neuron device runs the model", "tokens come one at a time from the model"] * 8
 
 
-def build(directory: str) -> str:
+def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) -> str:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -29,19 +30,21 @@ def build(directory: str) -> str:
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                                "{% if add_generation_prompt %}assistant:{% endif %}")
     tokenizer.save_pretrained(root)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+                         head_dim=hidden // heads, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # larger weights than the default init: greedy tokens that vary with the prompt
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.2)
+                p.normal_(0.0, 0.2 * (128 / hidden) ** 0.5)
     model.save_pretrained(root, safe_serialization=True)
     json.dump({"built_by": "tests/data/vllm_tiny_llama.py"}, open(root / "tiny.json", "w"))
     return str(root)
 
 
 if __name__ == "__main__":
-    print(build(sys.argv[1]))
+    # vllm_tiny_llama.py DIR [HIDDEN LAYERS HEADS]
+    print(build(sys.argv[1], *map(int, sys.argv[2:5])))
