@@ -150,6 +150,7 @@ def test_tensor_parallel_2_equals_one_device(model_dir, neuron_eager):
     result = _generate({"model": model_dir, "prompts": PROMPTS, "max_tokens": MAX_TOKENS, "eager": True, "tp": 2},
                        TORCHNEURON_DEVICE_MEMORY="256MiB")
     assert sorted(w["device"] for w in result["worker_memory"]) == ["neuron:0", "neuron:1"]
+    assert {w["tp_backend"] for w in result["worker_memory"]} == {"neuron"}  # torchneuron.distributed
     assert result["greedy"] == neuron_eager["greedy"]
 
 
@@ -248,3 +249,25 @@ def test_openai_server_answers_and_shuts_down(model_dir, cpu_run):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+# ================================ the switch ==========================================================
+
+def test_plugin_switch(monkeypatch):
+    import torchneuron.vllm as plugin
+
+    monkeypatch.setenv("TORCHNEURON_VLLM", "1")
+    assert plugin.register() == "torchneuron.vllm.platform.NeuronPlatform"
+    monkeypatch.setenv("TORCHNEURON_VLLM", "0")
+    assert plugin.register() is None
+    monkeypatch.setenv("TORCHNEURON_VLLM", "maybe")
+    with pytest.raises(ValueError, match="TORCHNEURON_VLLM='maybe'"):
+        plugin.register()
+
+
+def test_plugin_entry_point_in_both_environments():
+    code = ("import importlib.metadata as m; print(sorted(e.value for e in m.entry_points(group='vllm.platform_plugins')"
+            " if e.name == 'neuron'))")
+    for python in (sys.executable, str(VLLM_PY)):
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "['torchneuron.vllm:register']", (python, out.stderr[-2000:])

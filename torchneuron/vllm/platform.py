@@ -10,6 +10,7 @@ its process group and the worker that puts the model on ``neuron:N``.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from vllm.platforms.cpu import CpuPlatform
@@ -75,6 +76,7 @@ class NeuronPlatform(CpuPlatform):
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
+        _split_cores_between_ranks(parallel.world_size)
         device_config.device_type = "cpu"
         try:
             super().check_and_update_config(vllm_config)
@@ -83,3 +85,22 @@ class NeuronPlatform(CpuPlatform):
             device_config.device = device
         logger.info("vLLM on neuron: worker %s, tensor parallel %d", parallel.worker_cls,
                     parallel.tensor_parallel_size)
+
+
+def _split_cores_between_ranks(world_size: int) -> None:
+    """Give each local rank its own share of this process's cores, unless ``VLLM_CPU_OMP_THREADS_BIND`` is set.
+
+    vLLM binds each CPU worker's OpenMP threads to a NUMA node of its own and
+    refuses more ranks than nodes; the emulated devices share the host's cores,
+    so ranks get contiguous slices of them instead (``"0|1"`` on 2 cores).
+    """
+    if world_size <= 1 or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < world_size:
+        raise ValueError(f"tensor parallel size {world_size} needs at least {world_size} cores for its workers' "
+                         f"threads, this process may use {len(cores)}; set VLLM_CPU_OMP_THREADS_BIND to share them")
+    share = len(cores) // world_size
+    slices = [cores[i * share:(i + 1) * share] for i in range(world_size)]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, s)) for s in slices)
+    logger.info("vLLM on neuron: worker threads bound to cores %s", os.environ["VLLM_CPU_OMP_THREADS_BIND"])

@@ -104,8 +104,14 @@ class NeuronWorker(CPUWorker):
         return available
 
     def device_memory(self) -> dict:
-        """The worker's device, its capacity and what is allocated there (for ``LLM.collective_rpc``)."""
-        return {"device": str(self.device), "capacity": self.capacity,
+        """The worker's device, its capacity, what is allocated there and its tensor-parallel group's backend.
+
+        For ``LLM.collective_rpc("device_memory")``.
+        """
+        from vllm.distributed.parallel_state import get_tp_group
+
+        backend = torch.distributed.get_backend(get_tp_group().device_group)
+        return {"tp_backend": str(backend), "device": str(self.device), "capacity": self.capacity,
                 "allocated": torch.neuron.memory_allocated(self.device),
                 "kv_cache_bytes": sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                                        for t in _tensors(self.model_runner.kv_caches)}.values())}
