@@ -1,6 +1,7 @@
 """Projection: counting the work of a program, the hardware data, the time model, the report,
 the CLI and the validation against published figures (docs/projection.md)."""
 
+import dataclasses
 import json
 import math
 import time
@@ -300,7 +301,9 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
     rows = {r["target"]: r for r in data["targets"]}
     assert set(rows) == {"trn2.48xlarge", "p5.48xlarge"}
     assert all(r["step_s"] > 0 and math.isfinite(r["step_s"]) for r in rows.values())
-    assert rows["p5.48xlarge"]["parallel"]["dp"] == 8 and rows["trn2.48xlarge"]["parallel"]["dp"] == 1
+    # p5's split was given; trn2's was not, so its replicas fill the instance (64 logical NeuronCores).
+    assert rows["p5.48xlarge"]["parallel"]["dp"] == 8 and rows["trn2.48xlarge"]["parallel"]["dp"] == 64
+    assert all(r["idle_devices"] == 0 and r["devices"] == r["devices_paid"] for r in rows.values())
     assert data["sources"]["p5.48xlarge"]
     # The Chrome trace: one process per target, its kernels back to back adding up to the projected step.
     events = json.loads(trace.read_text())["traceEvents"]
@@ -421,7 +424,63 @@ def test_steps_declare_seconds_of_audio_and_the_report_prices_an_hour_of_it():
             p.step(samples=4, audio_s=4 * 30.0)
     report = p.project(["trn1.32xlarge"], compare=["g5.xlarge"])
     for row in report.rows:
-        assert row["audio_s_per_step"] == 120.0
-        assert row["audio_hours_per_hour"] == pytest.approx(120.0 / row["step_s"])
-        assert row["usd_per_audio_hour"] == pytest.approx(row["usd_per_step"] * 3600.0 / 120.0)
+        # Every device of the instance transcribes (32 NeuronCores on trn1.32xlarge, 1 GPU on g5.xlarge).
+        devices = projection.get_target(row["target"]).devices_per_instance
+        assert row["devices"] == devices
+        assert row["audio_s_per_step"] == 120.0 * devices
+        assert row["audio_hours_per_hour"] == pytest.approx(120.0 * devices / row["step_s"])
+        assert row["usd_per_audio_hour"] == pytest.approx(row["usd_per_step"] * 3600.0 / (120.0 * devices))
     assert "per hour of audio" in report.format() and "120 s of audio" in report.format()
+
+
+def _one_matmul_step(tokens: int = 1000) -> "projection.counting.StepCounts":
+    from torchneuron.projection.counting import MATMUL, OpRecord, StepCounts
+
+    step = StepCounts(tokens=tokens)
+    step.ops.append(OpRecord("aten.mm.default", MATMUL, 1e12, 0, 0, "bfloat16"))
+    return step
+
+
+def test_cost_divides_the_whole_instance_price_by_the_work_of_every_device():
+    # A step of one known matmul: each device takes the same time, so with every device of the
+    # instance working the instance does devices x the work of one, and the price divides by that.
+    steps = [_one_matmul_step()]
+    target = projection.get_target("trn1.32xlarge")
+    price = 21.5
+    full = projection.step_time(steps, target)
+    assert full["parallel"]["dp"] == 32 and full["devices_paid"] == 32
+    one = projection.step_time(steps, target, projection.Parallelism(dp=1))
+    assert one["tokens_per_step"] * 32 == full["tokens_per_step"] and one["step_s"] == pytest.approx(full["step_s"])
+    from torchneuron.projection.report import _row
+
+    row_full = _row(target, full, projection.Parallelism(), "target", price=price)
+    row_one = _row(target, one, projection.Parallelism(dp=1), "target", price=price)
+    expected = price / 3600 * full["step_s"] / (32 * 1000) * 1e6
+    assert row_full["usd_per_million_tokens"] == pytest.approx(expected)
+    assert row_one["usd_per_million_tokens"] == pytest.approx(32 * expected)  # 31 idle devices still paid
+    assert row_one["idle_devices"] == 31 and row_one["idle_usd_per_hour"] == pytest.approx(price * 31 / 32)
+    assert row_full["idle_devices"] == 0 and row_full["usd_per_hour"] == price
+
+
+def test_a_split_larger_than_the_instances_given_is_refused():
+    target = projection.get_target("p5.48xlarge")
+    with pytest.raises(ValueError, match="needs 16 devices"):
+        projection.Parallelism(dp=2, tp=8, nodes=1).on(target)
+    assert projection.Parallelism(tp=8, nodes=2).on(target).dp == 2
+
+
+def test_the_tools_options_after_the_script_are_the_tools_and_after_dashes_the_scripts(monkeypatch):
+    from torchneuron import cli
+
+    seen = {}
+    index = [c.name for c in cli.COMMANDS].index("project")
+    commands = list(cli.COMMANDS)
+    commands[index] = dataclasses.replace(commands[index], run=lambda args: seen.update(vars(args)) or 0)
+    build = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: build(commands))
+    assert cli.main(["project", "train.py", "--fake", "--target", "trn1.32xlarge", "--lr", "3", "--", "--json", "x"]) == 0
+    assert seen["fake"] and seen["target"] == "trn1.32xlarge" and seen["json"] is None
+    assert seen["script"] == "train.py" and seen["script_args"] == ["--lr", "3", "--json", "x"]
+    seen.clear()
+    assert cli.main(["project", "train.py", "--", "--fake"]) == 0
+    assert not seen["fake"] and seen["script_args"] == ["--fake"]

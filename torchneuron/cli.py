@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,9 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run on fake tensors: nothing computed or allocated, values read back are 1")
     parser.add_argument("--mode", choices=("eager", "compiled"), default="eager",
                         help="eager pays a launch per op; compiled fuses non-matmul ops (default: eager)")
-    parser.add_argument("--dp", type=_positive_int, default=1, help="data-parallel replicas (default: 1)")
+    parser.add_argument("--dp", type=_positive_int, default=None,
+                        help="data-parallel replicas (default: as many as fill each instance, so that every "
+                             "device paid for works; fewer leave devices idle, and the report shows their cost)")
     parser.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree (default: 1)")
     parser.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages (default: 1)")
     parser.add_argument("--microbatches", type=_positive_int, default=1,
@@ -359,8 +361,35 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     for command in commands:
         sub_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(sub_parser)
-        sub_parser.set_defaults(_run=command.run)
+        sub_parser.set_defaults(_run=command.run, _parser=sub_parser)
     return parser
+
+
+def _take_tool_options(parser: argparse.ArgumentParser, args: argparse.Namespace, after: Sequence[str] = ()) -> None:
+    """Give the tool the options of its own that stand after the script, up to a ``--``.
+
+    ``torchneuron project train.py --fake --target trn1.32xlarge`` means ``--fake`` and
+    ``--target`` for ``project``, as ``project --fake --target trn1.32xlarge train.py`` does; a
+    script's option that shares a name with one of the tool's goes after ``--``
+    (``project train.py -- --fake``): everything there (``after``) belongs to the script.
+    """
+    before = list(getattr(args, "script_args", None) or [])
+    ours: List[str] = []
+    theirs: List[str] = []
+    i = 0
+    while i < len(before):
+        token = before[i]
+        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
+        if action is None or action.dest == "help":
+            theirs.append(token)
+            i += 1
+            continue
+        takes = 0 if action.nargs == 0 or "=" in token else 1
+        ours += before[i:i + 1 + takes]
+        i += 1 + takes
+    if ours:
+        parser.parse_args(ours + [args.script], namespace=args)
+    args.script_args = theirs + list(after)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -370,10 +399,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: command-line arguments without the program name.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the script's: split there before argparse, which would
+    # drop the `--` and let the script's options pass for the tool's.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head, after = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(head) if "--" in argv else parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    if hasattr(args, "script_args"):
+        if args.script is None and after:  # `project --fake -- train.py ...`
+            args.script, after = after[0], after[1:]
+        _take_tool_options(args._parser, args, after if "--" in argv else ())
+    elif "--" in argv:
+        args = parser.parse_args(argv)
     return args._run(args)
 
 

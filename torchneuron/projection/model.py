@@ -18,6 +18,7 @@ parallel multiplies throughput by ``dp``, ZeRO-1 shards optimizer work and state
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -169,16 +170,18 @@ class Parallelism:
     """How the counted single-device step is spread.
 
     Args:
-        dp: data-parallel replicas.
+        dp: data-parallel replicas; ``None`` (the default): as many as fill the instances the job
+            is billed for, so that every paid device works (see :meth:`on`).
         tp: tensor-parallel (Megatron) degree.
         pp: pipeline stages.
         microbatches: forward/backward passes per optimizer step (gradient accumulation; the
             pipeline's microbatches).
         zero1: shard optimizer state and update over ``dp`` (ZeRO-1).
-        nodes: instances; by default the fewest that hold ``dp·tp·pp`` devices.
+        nodes: instances; by default the fewest that hold ``dp·tp·pp`` devices (one, when ``dp``
+            fills them).
     """
 
-    dp: int = 1
+    dp: Optional[int] = None
     tp: int = 1
     pp: int = 1
     microbatches: int = 1
@@ -187,7 +190,32 @@ class Parallelism:
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        """Devices the split uses (``tp·pp`` per replica while ``dp`` is not yet chosen)."""
+        return (self.dp or 1) * self.tp * self.pp
+
+    def on(self, target: "Target") -> "Parallelism":
+        """This split on ``target``, with ``dp`` and ``nodes`` chosen where they were not given.
+
+        Without ``dp``, data-parallel replicas fill the instances: ``nodes·devices_per_instance //
+        (tp·pp)`` of them (at least one). Without ``nodes``, the fewest instances that hold the
+        split's devices.
+
+        Raises:
+            ValueError: a degree below 1, or more devices than ``nodes`` instances hold.
+        """
+        for key in ("tp", "pp", "microbatches"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"parallelism: {key} must be at least 1, got {getattr(self, key)}")
+        if self.dp is not None and self.dp < 1:
+            raise ValueError(f"parallelism: dp must be at least 1, got {self.dp}")
+        per_node = target.devices_per_instance
+        model = self.tp * self.pp
+        nodes = self.nodes or max(1, math.ceil(self.devices / per_node))
+        dp = self.dp if self.dp is not None else max(1, nodes * per_node // model)
+        if self.nodes is not None and dp * model > self.nodes * per_node:
+            raise ValueError(f"parallelism: dp={dp} tp={self.tp} pp={self.pp} needs {dp * model} devices, more than "
+                             f"{self.nodes} {target.name} instance(s) hold ({self.nodes * per_node})")
+        return dataclasses.replace(self, dp=dp, nodes=nodes)
 
 
 @dataclass
@@ -319,11 +347,11 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     """
     if mode not in ("eager", "compiled"):
         raise ValueError(f"mode must be 'eager' or 'compiled', got {mode!r}")
-    par = par or Parallelism()
+    par = (par or Parallelism()).on(target)
     hints = hints or ModelHints()
     nsteps = max(1, len(steps))
     devices_per_node = target.devices_per_instance
-    nodes = par.nodes or max(1, math.ceil(par.devices / devices_per_node))
+    nodes = par.nodes
     fixed_cost = float(_val(target.gen["launch_s" if mode == "eager" else "kernel_s"]))
 
     breakdown: Dict[str, float] = {}
@@ -367,8 +395,10 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
                 if traced:
                     trace.append({"name": f"{op.collective} ({group} ranks)", "track": "collectives", "seconds": t})
 
-    # Data-parallel gradient synchronisation (ZeRO-1: reduce-scatter + all-gather = one all-reduce).
-    if par.dp > 1:
+    training = any(op.phase == "optimizer" for s in steps for op in s.ops)
+    # Data-parallel gradient synchronisation (ZeRO-1: reduce-scatter + all-gather = one all-reduce);
+    # replicas that only run forward (inference) exchange nothing.
+    if par.dp > 1 and training:
         if hints.params:
             grad_bytes = hints.params * hints.param_bytes / model_split
             across = par.devices > devices_per_node
@@ -379,7 +409,6 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     samples = sum(s.samples for s in steps) / nsteps
     audio_s = sum(s.audio_s for s in steps) / nsteps
     # Tensor parallel: Megatron's 2 all-reduces per layer forward and 2 backward, of the activations.
-    training = any(op.phase == "optimizer" for s in steps for op in s.ops)
     if par.tp > 1:
         if hints.layers and hints.hidden and tokens:
             act = tokens * hints.hidden * hints.act_bytes
@@ -425,6 +454,8 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         "mode": mode,
         "nodes": nodes,
         "devices": par.devices,
+        "devices_paid": nodes * devices_per_node,
+        "parallel": vars(par),
         "flops_per_step": flops * m * par.dp,
         "matmul_flops_per_step": train_flops,
         "tokens_per_step": tokens * m * par.dp,

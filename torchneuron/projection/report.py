@@ -140,7 +140,7 @@ class Projection:
             pars = {n: parallel.get(n, Parallelism()) for n in names}
         else:
             pars = {n: parallel or Parallelism() for n in names}
-        par = pars[names[0]] if names else Parallelism()
+        par = pars[names[0]].on(get_target(names[0])) if names else Parallelism()
         rows = []
         timelines: Dict[str, List[Dict[str, Any]]] = {}
         for name in names:
@@ -169,15 +169,21 @@ class Projection:
 
 def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str, price: Optional[float] = None) -> Dict[str, Any]:
     step_s = t["step_s"]
+    par = Parallelism(**t["parallel"])  # the split on this target, dp chosen where it was not given
     peak = tgt.peak_flops(t["dtype"]) * par.devices
     given = price is not None
     price = price if given else tgt.price_per_hour
+    # Whole instances are billed: every device paid for, working or idle.
     usd_per_hour = price * t["nodes"] if price is not None else None
+    paid = t["devices_paid"]
+    idle = paid - par.devices
     usd_per_step = usd_per_hour * step_s / 3600.0 if usd_per_hour is not None else None
     tokens = t["tokens_per_step"]
     return {
         "target": tgt.name, "role": role, "chip": tgt.chip_name, "device": tgt.chip["device_name"],
-        "devices": par.devices, "nodes": t["nodes"], "mode": t["mode"], "dtype": t["dtype"],
+        "devices": par.devices, "devices_paid": paid, "idle_devices": idle,
+        "idle_usd_per_hour": usd_per_hour * idle / paid if usd_per_hour is not None and paid else None,
+        "nodes": t["nodes"], "mode": t["mode"], "dtype": t["dtype"],
         "parallel": vars(par), "tokens_per_step": tokens, "samples_per_step": t["samples_per_step"],
         "step_s": step_s, "breakdown": t["breakdown"],
         "mfu": t["matmul_flops_per_step"] / (step_s * peak) if step_s and peak else 0.0,
@@ -299,13 +305,15 @@ class Report:
                 usd = r["usd_per_audio_hour"]
                 lines.append(f"  {r['target']}: {r['audio_hours_per_hour']:,.1f} h/h, "
                              f"{'n/a' if usd is None else f'${usd:,.4f}'} per hour of audio")
-        if len({(r["parallel"]["dp"], r["parallel"]["tp"], r["parallel"]["pp"], r["parallel"]["microbatches"])
-                for r in self.rows}) > 1:
-            lines += ["", "parallelism per target:"]
-            for r in self.rows:
-                q = r["parallel"]
-                lines.append(f"  {r['target']}: dp={q['dp']} tp={q['tp']} pp={q['pp']} microbatches={q['microbatches']} "
-                             f"({r['devices']} devices, {r['nodes']} instance(s))")
+        lines += ["", "parallelism per target (cost divides the whole instances' price by the work of every device used):"]
+        for r in self.rows:
+            q = r["parallel"]
+            idle = ""
+            if r.get("idle_devices"):
+                idle = (f"; {r['idle_devices']} idle" + (f", costing ${r['idle_usd_per_hour']:,.2f} of the "
+                        f"${r['usd_per_hour']:,.2f}/h paid" if r.get("idle_usd_per_hour") is not None else ""))
+            lines.append(f"  {r['target']}: dp={q['dp']} tp={q['tp']} pp={q['pp']} microbatches={q['microbatches']} "
+                         f"({r['devices']} of {r.get('devices_paid', r['devices'])} devices of {r['nodes']} instance(s){idle})")
         lines += ["", "breakdown of the step (seconds per device):"]
         for r in self.rows:
             parts = ", ".join(f"{k} {_time(v)}" for k, v in sorted(r["breakdown"].items(), key=lambda kv: -kv[1]) if v)
