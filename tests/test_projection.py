@@ -484,3 +484,20 @@ def test_the_tools_options_after_the_script_are_the_tools_and_after_dashes_the_s
     seen.clear()
     assert cli.main(["project", "train.py", "--", "--fake"]) == 0
     assert not seen["fake"] and seen["script_args"] == ["--fake"]
+
+
+def test_every_instance_has_an_on_demand_price_with_its_source_region_and_date():
+    hw = load_hardware()
+    for name, inst in hw["instances"].items():
+        value, key = inst["price_per_hour"]
+        src = hw["sources"].get(key)
+        assert src is not None, f"{name}: price source {key!r} is not in sources"
+        assert src.get("url") and src.get("title"), f"{name}: price source {key!r} has no title or address"
+        assert src.get("region"), f"{name}: price source {key!r} names no region"
+        assert time.strptime(src.get("read", ""), "%Y-%m-%d"), f"{name}: price source {key!r} has no date"
+        if value is None:
+            # Only where the source itself says the instance has no on-demand price.
+            assert src.get("on_demand") is False, f"{name}: no price, and its source does not say why"
+        else:
+            assert value > 0
+    assert get_target("p5.48xlarge").price_per_hour == 55.04  # after AWS's 2025 P5 price cut (us-east-1)
