@@ -501,3 +501,43 @@ def test_every_instance_has_an_on_demand_price_with_its_source_region_and_date()
         else:
             assert value > 0
     assert get_target("p5.48xlarge").price_per_hour == 55.04  # after AWS's 2025 P5 price cut (us-east-1)
+
+
+_USER_LLAMA_SCRIPT = '''
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)
+with torch.device("neuron"):
+    model = LlamaForCausalLM(config)                    # float32: 32 GB, twice the device's 16 GiB
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, config.vocab_size, (1, 8192), device="neuron")
+out = model(input_ids=ids, labels=ids)
+out.loss.backward()
+opt.step()
+opt.zero_grad()
+print("loss", out.loss.item())
+'''
+
+
+def test_a_users_own_llama3_8b_script_projects_in_fake_mode_without_allocating(tmp_path, capsys):
+    from torchneuron.cli import main
+
+    script = tmp_path / "llama8b.py"
+    script.write_text(_USER_LLAMA_SCRIPT)
+    out = tmp_path / "out.json"
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    before = torch.neuron.max_memory_allocated()
+    # The options after the script are the tool's, as a user writes them.
+    assert main(["project", str(script), "--fake", "--target", "trn1.32xlarge", "--compare", "p5.48xlarge",
+                 "--tokens-per-step", "8192", "--json", str(out)]) == 0
+    assert torch.neuron.max_memory_allocated() - before < 2**20  # nothing proportional to the model
+    data = json.loads(out.read_text())
+    assert data["fake"] and data["hints"]["params"] > 8e9
+    assert data["hints"]["params"] * 4 > torch.neuron.get_device_properties(0).total_memory
+    rows = {r["target"]: r for r in data["targets"]}
+    assert rows["trn1.32xlarge"]["devices"] == 32 and rows["p5.48xlarge"]["devices"] == 8
+    assert all(r["usd_per_million_tokens"] > 0 for r in rows.values())
+    assert "loss 1.0" in capsys.readouterr().out
