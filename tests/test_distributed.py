@@ -12,6 +12,9 @@ imports, so there are only two: the scenarios that succeed, and the failures):
   and loaded with ``torch.distributed.checkpoint``; DTensor on a 2-D mesh.
 * ``failures``: a rank hangs, then dies; the other fails with a clear error
   within the timeout instead of hanging.
+* ``cpu_gloo``: a CPU-only program (``init_process_group("gloo")``, FSDP2 with
+  its default mesh) with torchneuron loaded and without it, and gloo's own
+  group on neuron tensors.
 """
 
 from __future__ import annotations
@@ -119,6 +122,24 @@ def test_ddp_in_fused_eager_cuts_alike_on_both_ranks_and_does_not_hang():
     assert lines[0]["GROUPS"] == lines[1]["GROUPS"], lines  # the same groups, seen as often, cut by the same
     assert int(lines[0]["COMPILED"]) > 0, lines             # a repeated group ran as its compiled graph
     assert lines[0]["PARAMS"] == lines[1]["PARAMS"], lines   # replicas stay equal
+
+
+def test_cpu_only_fsdp2_on_gloo_runs_as_without_torchneuron():
+    # init_process_group("gloo") and FSDP2 with its default mesh, on CPU tensors: the default mesh is the
+    # accelerator's (torch._C._get_accelerator(), neuron once torchneuron is loaded), as it is CUDA's on a
+    # CUDA machine, and gloo serves that device's tensors as it serves CUDA's. Losses and weights equal a
+    # run without torchneuron (TORCH_DEVICE_BACKEND_AUTOLOAD=0), bit for bit.
+    with_it = _launch(["cpu_gloo"])
+    without = _launch(["cpu_gloo"], env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    _check(with_it, "CPU GLOO OK")
+    _check(without, "CPU GLOO OK")
+    for rank in range(WORLD_SIZE):
+        a = [line for line in with_it[rank][1].splitlines() if line.startswith("CPU GLOO RESULT")]
+        b = [line for line in without[rank][1].splitlines() if line.startswith("CPU GLOO RESULT")]
+        assert a and a == b, (a, b)
+    assert "CPU GLOO DEVICE neuron" in with_it[0][1], with_it[0][1]
+    assert "CPU GLOO DEVICE cpu" in without[0][1], without[0][1]
+    assert "CPU GLOO NEURON COLLECTIVES OK" in with_it[0][1], with_it[0][1]
 
 
 def test_fsdp2_meta_device_recipe_under_torchrun(tmp_path):
@@ -644,6 +665,52 @@ def _scenario_device_check() -> None:
     print("DEVICE CHECK OK", flush=True)
 
 
+def _scenario_cpu_gloo() -> None:
+    """A CPU-only program: gloo, FSDP2 with its default mesh, CPU tensors; no mention of neuron."""
+    import hashlib
+    import sys
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1 + rank)
+    losses = []
+    for _ in range(4):
+        loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item().hex())
+    weights = torch.cat([p.full_tensor().detach().cpu().flatten() for p in model.parameters()])
+    digest = hashlib.sha256(weights.numpy().tobytes()).hexdigest()
+    print("CPU GLOO RESULT", losses, digest, flush=True)
+    print("CPU GLOO DEVICE", next(model.parameters()).device.type, flush=True)
+    if "torchneuron" in sys.modules:  # gloo's own group on neuron tensors, as on CUDA tensors
+        device = torch.device("neuron", rank)
+        t = torch.arange(6.0, device=device) * (rank + 1)
+        dist.all_reduce(t)
+        out = torch.empty(2 * world, device=device)
+        dist.all_gather_into_tensor(out, torch.full((2,), float(rank), device=device))
+        b = torch.full((3,), float(rank), device=device)
+        dist.broadcast(b, src=1)
+        assert t.device == device and t.cpu().tolist() == (torch.arange(6.0) * sum(range(1, world + 1))).tolist()
+        assert out.cpu().tolist() == [float(r) for r in range(world) for _ in range(2)], out
+        assert b.cpu().tolist() == [1.0] * 3, b
+        print("CPU GLOO NEURON COLLECTIVES OK", flush=True)
+    dist.destroy_process_group()
+    print("CPU GLOO OK", flush=True)
+
+
 def _scenario_fused_ddp():
     """DDP in fused eager: the ranks cut their groups at the same places and agree on the losses."""
     import torch
@@ -684,7 +751,7 @@ def _scenario_fused_ddp():
 if __name__ == "__main__":
     _scenarios = {"collectives": _scenario_collectives, "training": _scenario_training,
                   "failures": _scenario_failures, "device_check": _scenario_device_check,
-                  "fused_ddp": _scenario_fused_ddp}
+                  "fused_ddp": _scenario_fused_ddp, "cpu_gloo": _scenario_cpu_gloo}
     for _name, _port in zip(sys.argv[1:], os.environ["TEST_PORTS"].split(",")):
         os.environ["MASTER_PORT"] = _port
         _scenarios[_name]()

@@ -24,7 +24,8 @@ from torch._C._distributed_c10d import ProcessGroupGloo, _DistributedBackendOpti
 
 from .. import _C
 
-__all__ = ["BACKEND_NAME", "register", "register_kernels", "create_backend", "select_device"]
+__all__ = ["BACKEND_NAME", "register", "register_kernels", "serve_neuron_tensors_with_gloo", "create_backend",
+           "select_device"]
 
 BACKEND_NAME = "neuron"
 DEVICE_SHARING_ENV = "TORCHNEURON_ALLOW_DEVICE_SHARING"
@@ -135,11 +136,29 @@ def _reduce_gloo_options(opts: ProcessGroupGloo._Options) -> tuple:
     return _gloo_options, (opts._timeout, opts._threads, key)
 
 
+def serve_neuron_tensors_with_gloo() -> None:
+    """Make every gloo process group serve neuron tensors too, as gloo serves CUDA tensors.
+
+    PyTorch lists the device types each backend serves in ``Backend.backend_capability``; gloo's
+    is ``["cpu", "cuda"]``, so ``init_process_group("gloo")`` registers its one gloo backend for
+    both device types, and a CPU program whose default device mesh or DTensor state lands on the
+    accelerator (``torch._C._get_accelerator()``: FSDP2's default mesh, DTensor's random-state
+    broadcast) runs there. With ``"neuron"`` on that list, the same gloo backend is registered for
+    neuron tensors as well, and the neuron kernels of the c10d operators, registered here for every
+    process group, hand gloo host views of the device memory (``csrc/distributed/collectives.cpp``).
+    """
+    devices = dist.Backend.backend_capability.setdefault(dist.Backend.GLOO, ["cpu"])
+    if "neuron" not in devices:
+        devices.append("neuron")
+    register_kernels()
+
+
 def register() -> None:
     """Register the ``neuron`` backend with ``torch.distributed`` (done by ``import torchneuron``)."""
     # split_group() (DeviceMesh of 2+ dimensions once init_process_group got a device_id) deep-copies
     # the parent backend's options, which gloo's cannot be: copyreg teaches copy how.
     copyreg.pickle(ProcessGroupGloo._Options, _reduce_gloo_options)
+    serve_neuron_tensors_with_gloo()
     if dist.Backend.default_device_backend_map.get("neuron") == BACKEND_NAME:
         return
     # "cpu" too, so that init_process_group("neuron") and device_id=neuron:N also serve CPU tensors
