@@ -166,9 +166,16 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
                              "for instances without a published price, or your own rate)")
     parser.add_argument("-m", dest="module", action="store_true",
                         help="SCRIPT is a module, run as `python -m` runs it (e.g. -m torchneuron.projection.workloads gpt)")
+    parser.add_argument("--model-config", metavar="NAME|CONFIG.json",
+                        help="a script that serves with vLLM: project this model at the schedule the script's "
+                             "engine ran (a name such as llama3-8b, or a Hugging Face config.json or its "
+                             "directory) instead of the model it served")
     parser.add_argument("script", nargs="?", help="the Python program to run")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
                         help="its arguments (after `--`, all of them, even ones named like ours)")
+    # Not given: eager and one device for a counted program; for a served workload, the engine's mode
+    # and the fewest devices per replica that hold the model.
+    parser.set_defaults(mode=None, tp=None)
 
 
 def _run_project(args: argparse.Namespace) -> int:
@@ -187,7 +194,15 @@ def _run_project(args: argparse.Namespace) -> int:
         print("torchneuron project: a script to run is required (or --list-targets)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    parallel = projection.Parallelism(dp=args.dp, tp=args.tp, pp=args.pp, microbatches=args.microbatches,
+    from torchneuron.projection import schedule
+
+    if schedule.imports_vllm(args.script, args.module):
+        return _run_project_served(args)
+    if args.model_config:
+        print("torchneuron project: --model-config is for a script that serves with vLLM", file=sys.stderr)
+        return 2
+    args.mode = args.mode or "eager"
+    parallel = projection.Parallelism(dp=args.dp, tp=args.tp or 1, pp=args.pp, microbatches=args.microbatches,
                                       zero1=args.zero1, nodes=args.nodes)
     per_target = {}
 
@@ -228,6 +243,65 @@ def _run_project(args: argparse.Namespace) -> int:
     if args.trace:
         report.write_chrome_trace(args.trace)
         print(f"projected timeline: {args.trace} (Chrome trace format; open in Perfetto or chrome://tracing)")
+    return 0
+
+
+def _parse_prices(items: Sequence[str]) -> dict:
+    prices = {}
+    for item in items:
+        name, _, usd = item.partition("=")
+        try:
+            prices[name] = float(usd)
+        except ValueError:
+            raise SystemExit(f"torchneuron project: --price wants NAME=USD, got {item!r}") from None
+    return prices
+
+
+def _run_project_served(args: argparse.Namespace) -> int:
+    """Run a script that serves with vLLM, unchanged, record what its engine scheduled, and project
+    that served workload on the targets (see torchneuron.projection.schedule)."""
+    import json
+    import time
+
+    from torchneuron import projection
+    from torchneuron.projection import schedule
+    from torchneuron.vllm.schedule import ENV
+
+    if args.fake:
+        print("torchneuron project: --fake does not apply to a script that serves with vLLM (its engine's "
+              "schedule is recorded from a real run; --model-config projects a larger model at that schedule)",
+              file=sys.stderr)
+        return 2
+    tp = {}
+
+    def parse(spec: str) -> str:
+        name, _, options = spec.partition("@")
+        projection.get_target(name)  # unknown names fail before the script runs
+        for item in filter(None, options.split(":")):
+            key, _, value = item.partition("=")
+            if key != "tp":
+                raise SystemExit(f"torchneuron project: a served workload takes tp only ({key!r} in {spec!r}): "
+                                 "every device of an instance serves a replica")
+            tp[name] = int(value)
+        if name not in tp and args.tp:
+            tp[name] = args.tp
+        return name
+
+    names = [parse(n) for n in args.target.split(",") if n]
+    compare = [parse(n) for n in args.compare.split(",") if n]
+    prices = _parse_prices(args.price)
+    if args.model_config:
+        schedule.resolve_model(args.model_config, {})  # a wrong name fails before the script runs
+    served, wall = schedule.run_served(args.script, args.script_args, ENV, module=args.module)
+    start = time.perf_counter()
+    report = schedule.project_schedule(served, names, compare, model=args.model_config,
+                                       mode=args.mode, tp=tp, prices=prices)
+    print(report.format())
+    print(f"(recorded {len(served.steps)} engine step(s) while the script ran, {wall:.1f} s; "
+          f"projected in {time.perf_counter() - start:.1f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2, default=str)
     return 0
 
 

@@ -9,7 +9,7 @@ Self-contained (no Hugging Face): RMSNorm, rotary embeddings, grouped-query atte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -136,6 +136,16 @@ class Block(nn.Module):
         k = self.wk(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         v = self.wv(h).view(b, s, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = _rotary(q, cos, sin), _rotary(k, cos, sin)
+        a = self._attend(q, k, v, cache_len)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, s, cfg.dim))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_len: int) -> torch.Tensor:
+        """Attention of ``q`` (batch x heads x s x head_dim, after rotary) to its own keys and values
+        and, with ``cache_len``, to that many cached ones before them."""
+        cfg = self.cfg
+        b, _, s, _ = q.shape
         if cache_len:
             # Decoding against a KV cache of cache_len earlier tokens (values irrelevant to counting):
             # each query head group reads its key/value head once, as grouped-query kernels do.
@@ -144,16 +154,36 @@ class Block(nn.Module):
             vc = v.new_zeros(()).expand(b, cfg.n_kv_heads, n, cfg.head_dim)
             rep = cfg.n_heads // cfg.n_kv_heads
             qg = q.reshape(b, cfg.n_kv_heads, rep * s, cfg.head_dim)
-            a = attention(qg, kc, vc, False).reshape(b, cfg.n_heads, s, cfg.head_dim)
-            x = x + self.wo(a.transpose(1, 2).reshape(b, s, cfg.dim))
-            h = self.ffn_norm(x)
-            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+            return attention(qg, kc, vc, False).reshape(b, cfg.n_heads, s, cfg.head_dim)
         if cfg.n_kv_heads != cfg.n_heads:
             rep = cfg.n_heads // cfg.n_kv_heads
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        a = attention(q, k, v, cfg.causal)
-        x = x + self.wo(a.transpose(1, 2).reshape(b, s, cfg.dim))
+        return attention(q, k, v, cfg.causal)
+
+    def forward_groups(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       groups: Sequence[Tuple[int, int, int]]) -> torch.Tensor:
+        """The block on one flat batch of tokens (1 x tokens x dim) made of ``groups`` of requests:
+        ``(requests, new tokens each, cached tokens each)``, laid out group after group.
+
+        The projections and the feed-forward run once on every token, as a serving engine's
+        flattened batch does; attention runs per group against its own cache."""
+        cfg = self.cfg
+        h = self.attn_norm(x)
+        q, k, v = self.wq(h), self.wk(h), self.wv(h)
+        kv = cfg.n_kv_heads
+        outs = []
+        start = 0
+        for b, s, cached in groups:
+            end = start + b * s
+            qg = q[:, start:end].reshape(b, s, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+            kg = k[:, start:end].reshape(b, s, kv, cfg.head_dim).transpose(1, 2)
+            vg = v[:, start:end].reshape(b, s, kv, cfg.head_dim).transpose(1, 2)
+            qg, kg = _rotary(qg, cos[:s], sin[:s]), _rotary(kg, cos[:s], sin[:s])
+            outs.append(self._attend(qg, kg, vg, cached).transpose(1, 2).reshape(1, b * s, cfg.dim))
+            start = end
+        a = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        x = x + self.wo(a)
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
@@ -187,6 +217,32 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, cache_len)
         return self.head(self.norm(x))
+
+    def forward_step(self, tokens: torch.Tensor, groups: Sequence[Tuple[int, int, int]], sampled: int) -> torch.Tensor:
+        """One step of a serving engine (fake or meta tensors only): logits of ``sampled`` tokens.
+
+        Args:
+            tokens: ``1 x T``, every token the step computes, ``T = sum(requests * new)``.
+            groups: ``(requests, new tokens each, cached tokens each)``: the engine's ragged batch in
+                groups of equal shape (the decodes of a step at their mean cache length, each prompt
+                chunk after the tokens of its prompt already in the cache).
+            sampled: requests that sample a token this step; only their last positions reach the
+                output head, as in vLLM.
+        """
+        if not (tokens.device.type == "meta" or _is_fake(tokens)):
+            raise ValueError("forward_step is for counting on fake or meta tensors; this model keeps no KV cache")
+        if tokens.shape[1] != sum(b * s for b, s, _ in groups):
+            raise ValueError(f"forward_step: {tokens.shape[1]} tokens for groups totalling "
+                             f"{sum(b * s for b, s, _ in groups)}")
+        half = self.cfg.head_dim // 2
+        longest = max(s for _, s, _ in groups)
+        inv = 1.0 / (10000.0 ** (torch.arange(half, device=tokens.device, dtype=torch.float32) / half))
+        ang = torch.outer(torch.arange(longest, device=tokens.device, dtype=torch.float32), inv)
+        cos, sin = ang.cos().to(self.embed.weight.dtype), ang.sin().to(self.embed.weight.dtype)
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer.forward_groups(x, cos, sin, groups)
+        return self.head(self.norm(x[:, :sampled]))
 
 
 def build(name_or_cfg, dtype: torch.dtype = torch.bfloat16, device: str = "meta") -> Llama:

@@ -175,3 +175,44 @@ def _params_of(cfg: Any) -> tuple:
     from torchneuron.projection.models import build_encoder_decoder
 
     return tuple(build_encoder_decoder(cfg).parameters())
+
+
+@functools.lru_cache(maxsize=8)
+def _built(cfg: LlamaConfig, dtype: torch.dtype) -> torch.nn.Module:
+    return build(cfg, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def count_step(cfg: LlamaConfig, groups: tuple, sampled: int, dtype: torch.dtype = torch.bfloat16) -> StepCounts:
+    """Count one engine step of a serving engine on meta tensors (see ``Llama.forward_step``).
+
+    Args:
+        cfg: the model's shape.
+        groups: ``((requests, new tokens each, cached tokens each), ...)``.
+        sampled: requests that sample a token in the step.
+        dtype: the weights' and activations' dtype.
+    """
+    tokens = sum(b * s for b, s, _ in groups)
+    net = _built(cfg, dtype)
+    with CountingMode() as counter, torch.no_grad():
+        ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+        net.forward_step(ids, groups, sampled)
+        counter.mark_step(tokens=tokens, samples=sum(b for b, _, _ in groups))
+    return counter.completed_steps()[0]
+
+
+def project_step(cfg: LlamaConfig, groups: tuple, sampled: int, target: Any, tp: int = 1, mode: str = "compiled",
+                 dtype: torch.dtype = torch.bfloat16, exact: bool = False) -> Dict[str, Any]:
+    """Project one engine step on ``target`` with ``tp`` devices per model replica: :func:`step_time`'s
+    result for :func:`count_step`'s counts, from counts of 1 and 2 layers unless ``exact``."""
+    from torchneuron.projection.validation import extrapolate_layers
+
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    hints = ModelHints(params=cfg.num_params(), param_bytes=nbytes, layers=cfg.n_layers, hidden=cfg.dim,
+                       act_bytes=nbytes, master_bytes=0)
+    par = Parallelism(dp=1, tp=tp)
+    if exact:
+        return step_time([count_step(cfg, groups, sampled, dtype)], target, par, mode, hints)
+    small = [dataclasses.replace(cfg, n_layers=n) for n in (1, 2)]
+    return extrapolate_layers(*(step_time([count_step(c, groups, sampled, dtype)], target, par, mode, hints)
+                                for c in small), cfg.n_layers)

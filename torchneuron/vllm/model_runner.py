@@ -4,6 +4,8 @@ vLLM's CPU model runner is its GPU model runner with every device buffer made
 the same tensor as its host buffer. On neuron the two stay apart, as on a GPU:
 inputs are prepared in host memory and copied to the device, the model and the
 KV cache live in device memory, and results come back with an explicit copy.
+When ``TORCHNEURON_VLLM_SCHEDULE`` is set, each engine step's schedule is recorded on the way in
+(:mod:`torchneuron.vllm.schedule`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner, _torch_cuda_wrapper
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from . import schedule
 
 __all__ = ["NeuronModelRunner"]
 
@@ -25,6 +29,12 @@ class NeuronModelRunner(CPUModelRunner):
         with _torch_cuda_wrapper():
             GPUModelRunner.__init__(self, vllm_config, device)
         self.use_cuda_graph = False
+        self.schedule_recorder = schedule.recorder(vllm_config)
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        if self.schedule_recorder is not None:
+            self.schedule_recorder.step(scheduler_output)
+        return super().execute_model(scheduler_output, intermediate_tensors)
 
     def _sync_device(self) -> None:
         torch.neuron.synchronize(self.device)

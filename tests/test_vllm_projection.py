@@ -1,0 +1,194 @@
+"""Projecting a workload served with vLLM: ``torchneuron project`` on a user's own vLLM script.
+
+The script (tests/data/vllm_serve.py) is run unchanged, in vLLM's environment (``.venv-vllm``,
+as tests/test_vllm.py runs it), by ``python -m torchneuron project``: vLLM's model runner on
+neuron records what the scheduler scheduled each engine step, and the report projects that
+schedule on Trainium and GPU instances. The other tests project schedules built here, with
+figures that can be worked out from the hardware's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchneuron.projection.model import _val, get_target
+from torchneuron.projection.models import LLAMA_CONFIGS
+from torchneuron.projection.schedule import Schedule, imports_vllm, kv_bytes, project_schedule
+from torchneuron.projection.serving import project_step
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+DATA = ROOT / "tests" / "data"
+SCRIPT = DATA / "vllm_serve.py"
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason="no .venv-vllm: run scripts/bootstrap.sh")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict:
+    """One run of ``torchneuron project`` on the script: its output and the report's JSON."""
+    path = tmp_path_factory.mktemp("served")
+    model = path / "tiny_llama"
+    proc = subprocess.run([sys.executable, str(DATA / "vllm_tiny_llama.py"), str(model)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHNEURON_VLLM"))}
+    env.update({"TORCHNEURON_NUM_DEVICES": "1", "TORCHNEURON_DEVICE_MEMORY": "256MiB", "OMP_NUM_THREADS": "2",
+                "VLLM_LOGGING_LEVEL": "WARNING"})
+    report = path / "report.json"
+    proc = subprocess.run([str(VLLM_PY), "-m", "torchneuron", "project", str(SCRIPT), str(model), "6", "8",
+                           "--json", str(report)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    return {"stdout": proc.stdout, "report": json.loads(report.read_text()), "model": str(model)}
+
+
+@needs_vllm
+def test_the_script_runs_unchanged(served):
+    assert "torchneuron" not in SCRIPT.read_text()  # a plain vLLM script
+    assert imports_vllm(str(SCRIPT))
+    out = served["stdout"]
+    assert re.search(r"served 7 requests: \d+ prompt tokens, 56 output tokens", out)  # the script's own print
+    assert "== PROJECTION (not a measurement) ==" in out and "served workload (vLLM's scheduler" in out
+
+
+@needs_vllm
+def test_recorded_schedule_matches_the_requests(served):
+    requests, prompt, output = map(int, re.search(r"served (\d+) requests: (\d+) prompt tokens, (\d+) output",
+                                                  served["stdout"]).groups())
+    report = served["report"]
+    s = report["schedule"]
+    assert (s["requests"], s["prompt_tokens"], s["output_tokens"]) == (requests, prompt, output)
+    # Every prompt token was computed in a step or found in the prefix cache (the repeated start).
+    assert s["prompt_tokens_computed"] + s["prompt_tokens_from_prefix_cache"] == prompt
+    assert s["prompt_tokens_from_prefix_cache"] >= 32  # at least one block of 32 tokens
+    assert s["prefill_tokens"] == s["prompt_tokens_computed"]
+    # Each request feeds back all its output tokens but the last.
+    assert s["decode_tokens"] == output - requests
+    engine = report["engine"]
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["block_size"]) == (4, 64, 32)
+    steps = report["steps"]
+    assert len(steps) == s["engine_steps"] > output // 4
+    assert max(st["sequences"] for st in steps) == 4  # the scheduler's limit, reached
+    assert all(st["prefill_tokens"] + st["decode_tokens"] <= 64 for st in steps)
+    assert any(st["prefill_tokens"] and st["decode_tokens"] for st in steps)  # continuous batching
+    assert sum(st["sampled"] for st in steps) == output
+    assert 0 < s["peak_kv_blocks"] <= engine["num_gpu_blocks"]
+    # The recorded model is the one served (tests/data/vllm_tiny_llama.py).
+    config = json.loads((Path(served["model"]) / "config.json").read_text())
+    m = report["served_model"]
+    assert (m["layers"], m["hidden"], m["heads"], m["kv_heads"], m["ffn"], m["dtype"]) == (2, 128, 4, 2, 256, "float32")
+    assert m["vocab"] == config["vocab_size"]
+
+
+@needs_vllm
+def test_report_rows_follow_from_the_hardware(served):
+    report = served["report"]
+    assert report["mode"] == "eager"  # the script's enforce_eager=True
+    rows = {r["target"]: r for r in report["targets"]}
+    assert list(rows) == ["trn1.32xlarge", "trn2.48xlarge", "p5.48xlarge"]
+    output = report["schedule"]["output_tokens"]
+    for name, r in rows.items():
+        target = get_target(name)
+        assert r["tp"] == 1 and r["replicas_per_instance"] == target.devices_per_instance  # a tiny model
+        assert r["output_tokens_per_s_per_replica"] == pytest.approx(output / r["workload_s_per_replica"])
+        assert r["output_tokens_per_s_per_instance"] == pytest.approx(
+            r["output_tokens_per_s_per_replica"] * target.devices_per_instance)
+        if target.price_per_hour:
+            assert r["usd_per_million_output_tokens"] == pytest.approx(
+                target.price_per_hour / 3600 / r["output_tokens_per_s_per_instance"] * 1e6)
+        assert r["memory"]["fits"]
+    assert rows["trn2.48xlarge"]["usd_per_million_output_tokens"] is None  # no published price
+    # The same schedule re-projected from the report's records gives the same figures.
+    again = project_schedule(Schedule.from_records(report["records"]), ["trn1.32xlarge"])
+    assert again.rows[0]["workload_s_per_replica"] == pytest.approx(rows["trn1.32xlarge"]["workload_s_per_replica"])
+
+
+# ---------------------------------------------------------------- schedules built here
+
+ENGINE = {"kind": "engine", "model": {"architecture": "LlamaForCausalLM", "layers": 2, "hidden": 128, "heads": 4,
+                                      "kv_heads": 2, "ffn": 256, "vocab": 384, "dtype": "float32"},
+          "tp": 1, "block_size": 32, "max_num_seqs": 8, "max_num_batched_tokens": 2048, "enforce_eager": False}
+
+
+def _one_request(prompt: int, outputs: int) -> Schedule:
+    """One request: its whole prompt in one step, then one decode step per further output token."""
+    steps = [{"kind": "step", "requests": [["r", prompt, 0, prompt, True]], "kv_blocks": -(-prompt // 32)}]
+    for i in range(1, outputs):
+        steps.append({"kind": "step", "requests": [["r", 1, prompt + i - 1, prompt, True]],
+                      "kv_blocks": -(-(prompt + i) // 32)})
+    return Schedule.from_records([ENGINE, *steps])
+
+
+def test_known_figures_llama3_8b_on_p5():
+    """Decode at batch 1 reads the weights once per token; the rest follows from the instance's price."""
+    schedule = _one_request(1024, 64)
+    report = project_schedule(schedule, ["p5.48xlarge"], model="llama3-8b", tp={"p5.48xlarge": 1})
+    (row,) = report.rows
+    p5 = get_target("p5.48xlarge")
+    cfg = LLAMA_CONFIGS["llama3-8b"]
+    assert report.mode == "compiled" and row["tp"] == 1 and row["replicas_per_instance"] == 8
+    steps = [project_step(cfg, s.groups(), s.sampled, p5, 1, "compiled") for s in schedule.steps]
+    total = sum(t["step_s"] for t in steps)
+    assert row["workload_s_per_replica"] == pytest.approx(total)
+    assert row["ttft_s"]["median"] == pytest.approx(steps[0]["step_s"])
+    assert row["tpot_s"]["median"] == pytest.approx((total - steps[0]["step_s"]) / 63)
+    assert row["output_tokens_per_s_per_instance"] == pytest.approx(8 * 64 / total)
+    assert row["usd_per_million_output_tokens"] == pytest.approx(55.04 / 3600 / (8 * 64 / total) * 1e6)
+    # A decode step is bound by reading the bf16 weights and the cache: 16 GB over H100's
+    # 3.35 TB/s at the memory efficiency (the counted embedding lookup reads its whole table, 1 GB
+    # more), plus a fixed cost per fused kernel.
+    read = cfg.num_params() * 2 + kv_bytes(cfg, 1024 + 10, 2)
+    floor = read / p5.hbm_bandwidth
+    assert p5.hbm_bandwidth == pytest.approx(3.35e12 * 0.8, rel=0.01)
+    decode = steps[11]["breakdown"]
+    assert set(decode) == {"memory-bound", "launch overhead"}
+    assert floor < decode["memory-bound"] < floor * 1.1
+    assert decode["launch overhead"] == pytest.approx(float(_val(p5.gen["kernel_s"])) * round(
+        decode["launch overhead"] / float(_val(p5.gen["kernel_s"]))))
+    # The prompt is compute-bound: 2 FLOPs per weight per token at H100's dense bf16 rate.
+    matmul = 2.0 * (cfg.num_params() - 2 * cfg.vocab * cfg.dim) * 1024
+    assert steps[0]["step_s"] > matmul / (p5.peak_flops("bfloat16") * float(_val(p5.gen["matmul_efficiency"])))
+    assert row["memory"]["weights"] == cfg.num_params() * 2
+
+
+def test_devices_per_replica_are_the_fewest_that_hold_the_model():
+    report = project_schedule(_one_request(512, 8), ["trn1.32xlarge", "trn2.48xlarge"], compare=["p5.48xlarge"],
+                              model="llama3-70b", prices={"trn2.48xlarge": 40.0})
+    rows = {r["target"]: r for r in report.rows}
+    cfg = LLAMA_CONFIGS["llama3-70b"]
+    for name, r in rows.items():
+        target = get_target(name)
+        assert r["memory"]["fits"]
+        assert r["replicas_per_instance"] == target.devices_per_instance // r["tp"]
+        weights_on_half = cfg.num_params() * 2 / (r["tp"] // 2)
+        assert weights_on_half > target.hbm_bytes  # half as many devices would not hold the weights
+    assert (rows["trn1.32xlarge"]["tp"], rows["trn2.48xlarge"]["tp"], rows["p5.48xlarge"]["tp"]) == (16, 8, 2)
+    assert rows["trn2.48xlarge"]["price_given"]
+    assert rows["trn2.48xlarge"]["usd_per_million_output_tokens"] == pytest.approx(
+        40.0 / 3600 / rows["trn2.48xlarge"]["output_tokens_per_s_per_instance"] * 1e6)
+    assert "prices per instance-hour given by the user" in report.format()
+
+
+def test_a_step_batches_its_requests():
+    """A mixed step costs less than its decodes and its prompt chunk as separate forwards (the weights
+    are read once), and more than either alone."""
+    p5 = get_target("p5.48xlarge")
+    cfg = LLAMA_CONFIGS["llama3-8b"]
+    mixed = project_step(cfg, ((8, 1, 300), (1, 256, 0)), 9, p5)["step_s"]
+    decodes = project_step(cfg, ((8, 1, 300),), 8, p5)["step_s"]
+    chunk = project_step(cfg, ((1, 256, 0),), 1, p5)["step_s"]
+    assert max(decodes, chunk) < mixed < decodes + chunk
+
+
+def test_imports_vllm_reads_the_source(tmp_path):
+    plain = tmp_path / "train.py"
+    plain.write_text("import torch\nprint('vllm')\n")
+    served = tmp_path / "serve.py"
+    served.write_text("import sys\nif True:\n    from vllm import LLM\n")
+    assert not imports_vllm(str(plain)) and imports_vllm(str(served))
