@@ -122,15 +122,38 @@ def test_cells_equal_the_cpu(cell):
     _assert_equal(_train(model, batches, DEV, run), _train(model, batches, "cpu", run))
 
 
-def test_inference_mode_equals_the_cpu():
+def _states(state):
+    return list(state) if isinstance(state, tuple) else [state]
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_without_autograd_equals_the_cpu(name, mode):
+    # Nothing to record: the CPU's own op runs whole on the device memory.
     torch.manual_seed(0)
-    for model in (torch.nn.LSTM(8, 16, num_layers=2), torch.nn.GRU(8, 16, bidirectional=True)):
-        x = _batches(model, steps=1)[0]
-        with torch.inference_mode():
-            want = model(x)
-            got = copy.deepcopy(model).to(DEV)(x.to(DEV))
-        _assert_equal([got[0].cpu(), *[s.cpu() for s in (got[1] if isinstance(got[1], tuple) else (got[1],))]],
-                      [want[0], *(want[1] if isinstance(want[1], tuple) else (want[1],))])
+    model = MODELS[name]()
+    x = _batches(model, steps=1)[0]
+    lengths = torch.tensor([7, 6, 3, 1])
+    with getattr(torch, mode)():
+        for run in (lambda m, x: m(x), lambda m, x: m(pack_padded_sequence(x, lengths, batch_first=m.batch_first))):
+            want = run(model, x)
+            got = run(copy.deepcopy(model).to(DEV), x.to(DEV))
+            out_w, out_g = (want[0], got[0]) if isinstance(want[0], torch.Tensor) else (want[0].data, got[0].data)
+            _assert_equal([out_g.cpu(), *[s.cpu() for s in _states(got[1])]], [out_w, *_states(want[1])])
+
+
+def test_dropout_without_autograd_draws_from_the_device_generator():
+    model = torch.nn.LSTM(8, 16, num_layers=2, dropout=0.5).to(DEV)
+    x = torch.randn(5, 3, 8, device=DEV)
+    torch.neuron.manual_seed(3)
+    with torch.no_grad():
+        first = model(x)[0]
+        second = model(x)[0]
+    torch.neuron.manual_seed(3)
+    with torch.no_grad():
+        again = model(x)[0]
+    assert not torch.equal(first.cpu(), second.cpu())
+    torch.testing.assert_close(again.cpu(), first.cpu(), **EXACT)
 
 
 class _Ops(TorchDispatchMode):

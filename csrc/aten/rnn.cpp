@@ -15,6 +15,9 @@
 // order, each on device memory through the usual kernels (mkldnn_rnn_layer and its backward reach the
 // CPU kernel through the fallback). Forward and backward equal the CPU's bit for bit.
 //
+// Without autograd to record (no_grad, inference mode, nothing requiring grad) and nothing random to
+// draw, the op is simply the CPU's own, run whole in one launch on host views of its arguments.
+//
 // Registered for AutogradPrivateUse1, where a composite runs (autograd comes from the ops inside), and
 // for PrivateUse1, which inference mode reaches.
 #include "neuron.h"
@@ -24,6 +27,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/RNN.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -49,6 +53,10 @@ bool cpuUsesOneDnn(const Tensor& input, TensorList params, TensorList hx) {
     return std::all_of(ts.begin(), ts.end(), [](const Tensor& t) { return t.device().type() == kNeuron; });
   };
   if (input.device().type() != kNeuron || !onNeuron(params) || !onNeuron(hx) || input.numel() == 0) return false;
+  auto sameDevice = [&](TensorList ts) {
+    return std::all_of(ts.begin(), ts.end(), [&](const Tensor& t) { return t.device() == input.device(); });
+  };
+  if (!sameDevice(params) || !sameDevice(hx)) return false;  // the composite raises the CPU's error
   switch (input.scalar_type()) {
     case at::kFloat:
       return true;
@@ -101,6 +109,45 @@ std::tuple<Tensor, Tensor, Tensor> lstmOneDnn(const Tensor& input, TensorList hx
   auto out_hy = at::stack(hy, 0);
   auto out_cy = at::stack(cy, 0);
   return {batch_first ? layer_input.transpose(0, 1) : layer_input, out_hy, out_cy};
+}
+
+// ---- without autograd: the CPU's own op on host views ------------------------------------------
+
+// Whether the op can run as the CPU's own, whole, inside one launch on host views of its arguments:
+// nothing to record for autograd, no dropout to draw (the CPU's would draw from the CPU generator),
+// real tensors all on one neuron device (no fake or functional tensors, no Python mode to show the
+// ops to), so that the CPU's checks have nothing to catch.
+bool wholeOnHost(const Tensor& input, TensorList hx, TensorList params, double dropout_p, bool train) {
+  if (dropout_p != 0 && train) return false;
+  if (c10::impl::dispatch_mode_enabled()) return false;
+  constexpr auto kWrapped = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                                 c10::DispatchKey::PythonTLSSnapshot});
+  const bool grad = c10::GradMode::is_enabled() && !c10::InferenceMode::is_enabled();
+  auto plain = [&](const Tensor& t) {
+    return t.device() == input.device() && !t.key_set().has_any(kWrapped) && !(grad && t.requires_grad()) &&
+           t.layout() == c10::kStrided && t.has_storage();
+  };
+  return input.device().type() == kNeuron && plain(input) && std::all_of(hx.begin(), hx.end(), plain) &&
+         std::all_of(params.begin(), params.end(), plain);
+}
+
+std::vector<Tensor> hostArguments(TensorList ts) {
+  std::vector<Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(hostArgument(t));
+  return out;
+}
+
+// Runs `cpu_op` (the CPU's aten op, called on host views) in a launch on `input`'s device, its results
+// in device memory.
+template <class... Results, class F>
+std::tuple<Results...> onHost(const char* name, const Tensor& input, F&& cpu_op) {
+  const auto d = input.device().index();
+  return launch(d, {rt::ActivityKind::Kernel, name}, [&] {
+    DeviceOutputScope scope(d);
+    auto results = cpu_op();
+    return std::apply([&](auto&... r) { return std::tuple<Results...>(deviceResult(r, d)...); }, results);
+  });
 }
 
 // ---- the CPU's composite, op for op -----------------------------------------------------------
@@ -296,10 +343,56 @@ Tensor stacked(const std::vector<State>& states, bool cell_state) {
 
 // ---- the ops ----------------------------------------------------------------------------------
 
+// The CPU's ops, for the path without autograd.
+template <Cell kCell>
+struct CpuOps;
+template <>
+struct CpuOps<Cell::Gru> {
+  static constexpr char name[] = "gru";
+};
+template <>
+struct CpuOps<Cell::Tanh> {
+  static constexpr char name[] = "rnn_tanh";
+};
+template <>
+struct CpuOps<Cell::Relu> {
+  static constexpr char name[] = "rnn_relu";
+};
+
+template <Cell kCell>
+std::tuple<Tensor, Tensor> cpuOneHidden(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
+                                        int64_t num_layers, double dropout_p, bool train, bool bidirectional,
+                                        bool batch_first) {
+  if constexpr (kCell == Cell::Gru)
+    return at::gru(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+  else if constexpr (kCell == Cell::Tanh)
+    return at::rnn_tanh(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+  else
+    return at::rnn_relu(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+}
+
+template <Cell kCell>
+std::tuple<Tensor, Tensor> cpuOneHiddenPacked(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
+                                              TensorList params, bool has_biases, int64_t num_layers,
+                                              double dropout_p, bool train, bool bidirectional) {
+  if constexpr (kCell == Cell::Gru)
+    return at::gru(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
+  else if constexpr (kCell == Cell::Tanh)
+    return at::rnn_tanh(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
+  else
+    return at::rnn_relu(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
+}
+
 template <Cell kCell>
 std::tuple<Tensor, Tensor> oneHiddenInput(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
                                           int64_t num_layers, double dropout_p, bool train, bool bidirectional,
                                           bool batch_first) {
+  if (wholeOnHost(input, hx, params, dropout_p, train)) {
+    return onHost<Tensor, Tensor>(CpuOps<kCell>::name, input, [&] {
+      return cpuOneHidden<kCell>(hostArgument(input), hostArgument(hx), hostArguments(params), has_biases,
+                                 num_layers, dropout_p, train, bidirectional, batch_first);
+    });
+  }
   at::native::check_attributes(input, params, hx);
   auto x = batch_first ? input.transpose(0, 1) : input;
   auto weights = layerWeights(params, has_biases, false);
@@ -314,6 +407,12 @@ template <Cell kCell>
 std::tuple<Tensor, Tensor> oneHiddenPacked(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
                                            TensorList params, bool has_biases, int64_t num_layers, double dropout_p,
                                            bool train, bool bidirectional) {
+  if (wholeOnHost(data, hx, params, dropout_p, train)) {
+    return onHost<Tensor, Tensor>(CpuOps<kCell>::name, data, [&] {
+      return cpuOneHiddenPacked<kCell>(hostArgument(data), batch_sizes, hostArgument(hx), hostArguments(params),
+                                       has_biases, num_layers, dropout_p, train, bidirectional);
+    });
+  }
   auto sizes = batch_sizes.contiguous();
   auto weights = layerWeights(params, has_biases, false);
   auto [out, finals] = layers(kCell, data, sizes.data_ptr<int64_t>(), sizes.size(0), oneHidden(hx), weights,
@@ -325,6 +424,12 @@ std::tuple<Tensor, Tensor, Tensor> lstmInput(const Tensor& input, TensorList hx,
                                              int64_t num_layers, double dropout_p, bool train, bool bidirectional,
                                              bool batch_first) {
   TORCH_CHECK(hx.size() == 2, "lstm expects two hidden states");
+  if (wholeOnHost(input, hx, params, dropout_p, train)) {
+    return onHost<Tensor, Tensor, Tensor>("lstm", input, [&] {
+      return at::lstm(hostArgument(input), hostArguments(hx), hostArguments(params), has_biases, num_layers,
+                      dropout_p, train, bidirectional, batch_first);
+    });
+  }
   const bool has_projections = hx[0].sym_size(2) != hx[1].sym_size(2);
   if (!has_projections && !hx[0].unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
       cpuUsesOneDnn(input, params, hx)) {
@@ -345,6 +450,12 @@ std::tuple<Tensor, Tensor, Tensor> lstmPacked(const Tensor& data, const Tensor& 
                                               TensorList params, bool has_biases, int64_t num_layers,
                                               double dropout_p, bool train, bool bidirectional) {
   TORCH_CHECK(hx.size() == 2, "lstm expects two hidden states");
+  if (wholeOnHost(data, hx, params, dropout_p, train)) {
+    return onHost<Tensor, Tensor, Tensor>("lstm", data, [&] {
+      return at::lstm(hostArgument(data), batch_sizes, hostArguments(hx), hostArguments(params), has_biases,
+                      num_layers, dropout_p, train, bidirectional);
+    });
+  }
   const bool has_projections = hx[0].size(2) != hx[1].size(2);
   auto sizes = batch_sizes.contiguous();
   auto weights = layerWeights(params, has_biases, has_projections);
@@ -393,6 +504,55 @@ Tensor oneHiddenCell(const Tensor& input, const Tensor& hx, const Tensor& w_ih, 
   return step(kCell, input, {hx}, cellWeights(w_ih, w_hh, b_ih, b_hh), false).h;
 }
 
+// ---- oneDNN's layer on device memory ------------------------------------------------------------
+
+void checkOneDevice(const char* op, const Tensor& input, std::initializer_list<Tensor> others) {
+  for (const auto& t : others)
+    TORCH_CHECK(!t.defined() || t.device() == input.device(), "Expected all tensors to be on the same device, but ",
+                "found at least two devices, ", input.device(), " and ", t.device(), " (in ", op, ")");
+}
+
+// aten::mkldnn_rnn_layer and its backward, the CPU kernels on host views of the arguments with their
+// results allocated in device memory: what the fallback does, without its boxing (these take 16 and
+// 23 arguments, and an LSTM calls them once per layer and direction).
+std::tuple<Tensor, Tensor, Tensor, Tensor> oneDnnLayer(const Tensor& input, const Tensor& w0, const Tensor& w1,
+                                                       const Tensor& w2, const Tensor& w3, const Tensor& hx,
+                                                       const Tensor& cx, bool reverse, c10::IntArrayRef batch_sizes,
+                                                       int64_t mode, int64_t hidden_size, int64_t num_layers,
+                                                       bool has_biases, bool bidirectional, bool batch_first,
+                                                       bool train) {
+  const auto d = input.device().index();
+  checkOneDevice("mkldnn_rnn_layer", input, {w0, w1, w2, w3, hx, cx});
+  DeviceOutputScope scope(d);
+  auto [out, hy, cy, workspace] = at::mkldnn_rnn_layer(
+      hostArgument(input), hostArgument(w0), hostArgument(w1), hostArgument(w2), hostArgument(w3), hostArgument(hx),
+      hostArgument(cx), reverse, batch_sizes, mode, hidden_size, num_layers, has_biases, bidirectional, batch_first,
+      train);
+  return {deviceResult(out, d), deviceResult(hy, d), deviceResult(cy, d), deviceResult(workspace, d)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> oneDnnLayerBackward(
+    const Tensor& input, const Tensor& w1, const Tensor& w2, const Tensor& w3, const Tensor& w4, const Tensor& hx,
+    const Tensor& cx, const Tensor& output, const Tensor& hy, const Tensor& cy,
+    const std::optional<Tensor>& grad_output, const std::optional<Tensor>& grad_hy,
+    const std::optional<Tensor>& grad_cy, bool reverse, int64_t mode, int64_t hidden_size, int64_t num_layers,
+    bool has_biases, bool train, bool bidirectional, c10::IntArrayRef batch_sizes, bool batch_first,
+    const Tensor& workspace) {
+  const auto d = input.device().index();
+  checkOneDevice("mkldnn_rnn_layer_backward", input, {w1, w2, w3, w4, hx, cx, output, hy, cy, workspace});
+  DeviceOutputScope scope(d);
+  auto [dx, dw1, dw2, db1, db2, dhx, dcx] = at::mkldnn_rnn_layer_backward(
+      hostArgument(input), hostArgument(w1), hostArgument(w2), hostArgument(w3), hostArgument(w4), hostArgument(hx),
+      hostArgument(cx), hostArgument(output), hostArgument(hy), hostArgument(cy), hostArgument(grad_output),
+      hostArgument(grad_hy), hostArgument(grad_cy), reverse, mode, hidden_size, num_layers, has_biases, train,
+      bidirectional, batch_sizes, batch_first, hostArgument(workspace));
+  return {deviceResult(dx, d),  deviceResult(dw1, d), deviceResult(dw2, d), deviceResult(db1, d),
+          deviceResult(db2, d), deviceResult(dhx, d), deviceResult(dcx, d)};
+}
+
+constexpr char kOneDnnLayerName[] = "mkldnn_rnn_layer";
+constexpr char kOneDnnLayerBackwardName[] = "mkldnn_rnn_layer_backward";
+
 void registerRnns(torch::Library& m) {
   m.impl("lstm.input", TORCH_FN(lstmInput));
   m.impl("lstm.data", TORCH_FN(lstmPacked));
@@ -411,6 +571,10 @@ void registerRnns(torch::Library& m) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { registerRnns(m); }
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { registerRnns(m); }
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  registerRnns(m);
+  m.impl("mkldnn_rnn_layer", TORCH_FN((Launched<kOneDnnLayerName, &oneDnnLayer>::call)));
+  m.impl("mkldnn_rnn_layer_backward", TORCH_FN((Launched<kOneDnnLayerBackwardName, &oneDnnLayerBackward>::call)));
+}
 
 }  // namespace torchneuron
