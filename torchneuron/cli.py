@@ -297,8 +297,9 @@ def _run_project_served(args: argparse.Namespace) -> int:
     report = schedule.project_schedule(served, names, compare, model=args.model_config,
                                        mode=args.mode, tp=tp, prices=prices)
     print(report.format())
+    # flush: vLLM's server may end the process without flushing Python's buffers.
     print(f"(recorded {len(served.steps)} engine step(s) while the script ran, {wall:.1f} s; "
-          f"projected in {time.perf_counter() - start:.1f} s)")
+          f"projected in {time.perf_counter() - start:.1f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=2, default=str)
