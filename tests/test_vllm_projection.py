@@ -192,3 +192,27 @@ def test_imports_vllm_reads_the_source(tmp_path):
     served = tmp_path / "serve.py"
     served.write_text("import sys\nif True:\n    from vllm import LLM\n")
     assert not imports_vllm(str(plain)) and imports_vllm(str(served))
+
+
+def test_model_config_from_a_hugging_face_config(tmp_path):
+    """``--model-config DIR`` reads a Hugging Face config.json; the served model's own shape gives the same rows."""
+    config = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 384,
+              "torch_dtype": "float32"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    schedule = _one_request(40, 4)
+    served = project_schedule(schedule, ["trn1.32xlarge"])
+    named = project_schedule(schedule, ["trn1.32xlarge"], model=str(tmp_path))
+    assert named.projected["dtype"] == served.projected["dtype"] == "float32"
+    assert named.rows[0]["workload_s_per_replica"] == pytest.approx(served.rows[0]["workload_s_per_replica"])
+    with pytest.raises(ValueError, match="neither a name"):
+        project_schedule(schedule, ["trn1.32xlarge"], model=str(tmp_path / "missing"))
+
+
+def test_a_vllm_script_that_serves_nothing_is_told_so(tmp_path):
+    script = tmp_path / "idle.py"
+    script.write_text("if False:\n    from vllm import LLM\nprint('nothing served')\n")
+    proc = subprocess.run([sys.executable, "-m", "torchneuron", "project", str(script)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and "nothing served" in proc.stdout
+    assert "no engine step was recorded" in proc.stderr and "TORCHNEURON_VLLM" in proc.stderr

@@ -292,10 +292,16 @@ def _run_project_served(args: argparse.Namespace) -> int:
     prices = _parse_prices(args.price)
     if args.model_config:
         schedule.resolve_model(args.model_config, {})  # a wrong name fails before the script runs
-    served, wall = schedule.run_served(args.script, args.script_args, ENV, module=args.module)
-    start = time.perf_counter()
-    report = schedule.project_schedule(served, names, compare, model=args.model_config,
-                                       mode=args.mode, tp=tp, prices=prices)
+    try:
+        served, wall = schedule.run_served(args.script, args.script_args, ENV, module=args.module)
+        start = time.perf_counter()
+        report = schedule.project_schedule(served, names, compare, model=args.model_config,
+                                           mode=args.mode, tp=tp, prices=prices)
+    except (RuntimeError, ValueError) as e:
+        if not str(e).startswith((args.script, "schedule:")):
+            raise
+        print(f"torchneuron project: {e}", file=sys.stderr)
+        return 1
     print(report.format())
     # flush: vLLM's server may end the process without flushing Python's buffers.
     print(f"(recorded {len(served.steps)} engine step(s) while the script ran, {wall:.1f} s; "

@@ -132,21 +132,23 @@ class Schedule:
         """Build from the recorder's records (the first engine's, when several engines wrote)."""
         head = None
         steps: List[EngineStep] = []
+        kept: List[Dict[str, Any]] = []
         engines = 0
         for rec in records:
             if rec.get("kind") == "engine":
                 engines += 1
                 if head is None:
                     head = rec
+                    kept.append(dict(rec))
                 continue
             if rec.get("kind") == "step" and engines == 1:
                 steps.append(EngineStep([ScheduledRequest(str(i), int(n), int(c), int(p), bool(s))
                                          for i, n, c, p, s in rec["requests"]], int(rec.get("kv_blocks") or 0)))
+                kept.append(dict(rec))
         if head is None:
             raise ValueError("schedule: no engine record (was the engine vLLM on neuron, with "
                              "TORCHNEURON_VLLM_SCHEDULE set before it started?)")
         settings = {k: v for k, v in head.items() if k not in ("kind", "model")}
-        kept = [dict(r) for r in records if r is head or (r.get("kind") == "step")][:len(steps) + 1]
         return cls(model=dict(head["model"]), settings=settings, steps=steps, engines=engines, records=kept)
 
     @classmethod
