@@ -7,7 +7,7 @@
 
 ``counting`` records the work of each kernel, ``model`` turns it into time on a target described
 in ``hardware.json`` (every number with its source), ``report`` assembles the projection,
-``serving`` projects prefill and decode, ``models`` builds Llama- and Whisper-style models from a
+``serving`` projects prefill and decode, ``schedule`` what a vLLM engine scheduled, ``models`` builds Llama- and Whisper-style models from a
 config for counting without allocating, ``validation`` compares projections with published figures.
 Every output is a projection, not a measurement.
 """
@@ -15,10 +15,11 @@ Every output is a projection, not a measurement.
 from torchneuron.projection.counting import CountingMode, OpRecord, StepCounts, fake_mode, summarize
 from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, load_hardware, step_time, targets
 from torchneuron.projection.report import LABEL, Projection, Report, count, declare, mark_step, run_script
+from torchneuron.projection.schedule import Schedule, project_schedule
 from torchneuron.projection.serving import project_serving, project_transcription
 
 __all__ = [
     "CountingMode", "OpRecord", "StepCounts", "fake_mode", "summarize", "ModelHints", "Parallelism", "Target",
     "get_target", "load_hardware", "step_time", "targets", "LABEL", "Projection", "Report", "count", "mark_step",
-    "run_script", "project_serving", "project_transcription", "declare",
+    "run_script", "project_serving", "project_transcription", "declare", "Schedule", "project_schedule",
 ]
