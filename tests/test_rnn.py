@@ -199,3 +199,71 @@ def test_errors_are_the_cpus():
     with pytest.raises(RuntimeError, match="input has inconsistent input_size: got 7 expected 8"):
         torch.gru_cell(torch.randn(2, 7, device=DEV), torch.zeros(2, 16, device=DEV), cell.weight_ih, cell.weight_hh,
                        cell.bias_ih, cell.bias_hh)
+
+
+@pytest.mark.parametrize("kind", ["GRU", "RNN", "LSTM float64"])
+def test_double_backward_matches_the_cpu(kind):
+    # A gradient penalty: the gradient's graph recorded (create_graph=True), then differentiated again.
+    # The first gradient is the CPU's bit for bit; the second goes through the same ops recomputed on
+    # the device, whose contributions add up in another order: equal to rounding.
+    torch.manual_seed(0)
+    model = getattr(torch.nn, kind.split()[0])(8, 16, num_layers=2)
+    if "float64" in kind:
+        model = model.double()
+    x = _batches(model, steps=1)[0]
+
+    def penalty(device):
+        m = copy.deepcopy(model).to(device)
+        xd = x.to(device).requires_grad_(True)
+        out = m(xd)[0]
+        (gx,) = torch.autograd.grad(out.pow(2).sum(), xd, create_graph=True)
+        gx.pow(2).sum().backward()
+        return [gx.detach().cpu()] + [p.grad.cpu() for p in m.parameters()]
+
+    got, want = penalty(DEV), penalty("cpu")
+    torch.testing.assert_close(got[0], want[0], **EXACT)
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g, w)
+
+
+def test_retain_graph_and_a_second_backward_equal_the_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.GRU(8, 16, num_layers=2, bidirectional=True)
+    x = _batches(model, steps=1)[0]
+
+    def twice(device):
+        m = copy.deepcopy(model).to(device)
+        out = m(x.to(device))[0].pow(2).mean()
+        out.backward(retain_graph=True)
+        out.backward()
+        return [p.grad.cpu() for p in m.parameters()]
+
+    _assert_equal(twice(DEV), twice("cpu"))
+    m = copy.deepcopy(model).to(DEV)
+    out = m(x.to(DEV))[0].sum()
+    out.backward()
+    with pytest.raises(RuntimeError, match="a second time"):
+        out.backward()
+
+
+def test_a_weight_changed_before_backward_is_caught():
+    model = torch.nn.GRU(8, 16).to(DEV)
+    out = model(torch.randn(5, 3, 8, device=DEV))[0].sum()
+    with torch.no_grad():
+        model.weight_hh_l0.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+
+
+def test_backward_frees_what_the_forward_kept():
+    model = torch.nn.GRU(32, 64, num_layers=2).to(DEV)
+    x = torch.randn(20, 8, 32, device=DEV)
+    model(x)[0].sum().backward()  # gradients allocated once
+    torch.neuron.synchronize()
+    before = torch.neuron.memory_allocated()
+    out = model(x)[0].sum()
+    assert torch.neuron.memory_allocated() > before  # the graph's saved tensors are device memory
+    out.backward()
+    del out
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() == before

@@ -28,9 +28,13 @@
 #include <ATen/native/RNN.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -117,18 +121,32 @@ std::tuple<Tensor, Tensor, Tensor> lstmOneDnn(const Tensor& input, TensorList hx
 // nothing to record for autograd, no dropout to draw (the CPU's would draw from the CPU generator),
 // real tensors all on one neuron device (no fake or functional tensors, no Python mode to show the
 // ops to), so that the CPU's checks have nothing to catch.
-bool wholeOnHost(const Tensor& input, TensorList hx, TensorList params, double dropout_p, bool train) {
+bool plainOnOneDevice(const Tensor& input, TensorList hx, TensorList params, double dropout_p, bool train) {
   if (dropout_p != 0 && train) return false;
-  if (c10::impl::dispatch_mode_enabled()) return false;
-  constexpr auto kWrapped = c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
-                                                 c10::DispatchKey::PythonTLSSnapshot});
-  const bool grad = c10::GradMode::is_enabled() && !c10::InferenceMode::is_enabled();
+  if (c10::impl::dispatch_mode_enabled() ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
+    return false;
+  constexpr auto kWrapped =
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                           c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::FuncTorchBatched,
+                           c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::BatchedNestedTensor});
   auto plain = [&](const Tensor& t) {
-    return t.device() == input.device() && !t.key_set().has_any(kWrapped) && !(grad && t.requires_grad()) &&
-           t.layout() == c10::kStrided && t.has_storage();
+    return t.device() == input.device() && !t.key_set().has_any(kWrapped) && t.layout() == c10::kStrided &&
+           t.has_storage() && !t.is_nested();
   };
   return input.device().type() == kNeuron && plain(input) && std::all_of(hx.begin(), hx.end(), plain) &&
          std::all_of(params.begin(), params.end(), plain);
+}
+
+bool anyRequiresGrad(const Tensor& input, TensorList hx, TensorList params);
+
+// Whether the op can run as the CPU's own, whole, inside one launch on host views of its arguments:
+// nothing to record for autograd, no dropout to draw (the CPU's would draw from the CPU generator),
+// real tensors all on one neuron device (no fake or functional tensors, no Python mode to show the
+// ops to), so that the CPU's checks have nothing to catch.
+bool wholeOnHost(const Tensor& input, TensorList hx, TensorList params, double dropout_p, bool train) {
+  const bool grad = c10::GradMode::is_enabled() && !c10::InferenceMode::is_enabled();
+  return plainOnOneDevice(input, hx, params, dropout_p, train) && !(grad && anyRequiresGrad(input, hx, params));
 }
 
 std::vector<Tensor> hostArguments(TensorList ts) {
@@ -136,18 +154,6 @@ std::vector<Tensor> hostArguments(TensorList ts) {
   out.reserve(ts.size());
   for (const auto& t : ts) out.push_back(hostArgument(t));
   return out;
-}
-
-// Runs `cpu_op` (the CPU's aten op, called on host views) in a launch on `input`'s device, its results
-// in device memory.
-template <class... Results, class F>
-std::tuple<Results...> onHost(const char* name, const Tensor& input, F&& cpu_op) {
-  const auto d = input.device().index();
-  return launch(d, {rt::ActivityKind::Kernel, name}, [&] {
-    DeviceOutputScope scope(d);
-    auto results = cpu_op();
-    return std::apply([&](auto&... r) { return std::tuple<Results...>(deviceResult(r, d)...); }, results);
-  });
 }
 
 // ---- the CPU's composite, op for op -----------------------------------------------------------
@@ -343,127 +349,243 @@ Tensor stacked(const std::vector<State>& states, bool cell_state) {
 
 // ---- the ops ----------------------------------------------------------------------------------
 
-// The CPU's ops, for the path without autograd.
-template <Cell kCell>
-struct CpuOps;
-template <>
-struct CpuOps<Cell::Gru> {
-  static constexpr char name[] = "gru";
-};
-template <>
-struct CpuOps<Cell::Tanh> {
-  static constexpr char name[] = "rnn_tanh";
-};
-template <>
-struct CpuOps<Cell::Relu> {
-  static constexpr char name[] = "rnn_relu";
+// ---- choosing the path ------------------------------------------------------------------------
+
+// An RNN op as a function of its tensors (input, hidden states, parameters) to its outputs.
+using RnnFn = std::function<std::vector<Tensor>(const Tensor&, TensorList, TensorList)>;
+
+// The CPU's op recorded by the CPU's autograd, over device memory: run whole in one launch on host
+// views of the arguments (the views requiring grad where the arguments do), so that the CPU's graph
+// of the op, its saved tensors in device memory, is the op's backward. Backward runs that graph in a
+// launch, with the gradients of the outputs seen as host views, and hands back the gradients of the
+// arguments as neuron tensors: the CPU's numbers at the CPU's cost, one launch each way. A backward
+// that is itself recorded (create_graph=True) differentiates the same ops op by op on the device.
+struct HostGraphState : torch::CustomClassHolder {
+  c10::DeviceIndex device = -1;
+  const char* name = nullptr;
+  size_t num_hidden = 0;
+  RnnFn op_by_op;
+  std::vector<Tensor> leaves, outputs;  // the CPU graph's
 };
 
-template <Cell kCell>
-std::tuple<Tensor, Tensor> cpuOneHidden(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
-                                        int64_t num_layers, double dropout_p, bool train, bool bidirectional,
-                                        bool batch_first) {
-  if constexpr (kCell == Cell::Gru)
-    return at::gru(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
-  else if constexpr (kCell == Cell::Tanh)
-    return at::rnn_tanh(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
-  else
-    return at::rnn_relu(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+struct HostGraph : torch::autograd::Function<HostGraph> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                TensorList tensors, const char* name,
+                                                int64_t num_hidden, const RnnFn& cpu, const RnnFn& op_by_op) {
+    auto state = c10::make_intrusive<HostGraphState>();
+    state->device = tensors[0].device().index();
+    state->name = name;
+    state->num_hidden = static_cast<size_t>(num_hidden);
+    state->op_by_op = op_by_op;
+    ctx->save_for_backward(tensors.vec());
+    const auto d = state->device;
+    auto outputs = launch(d, {rt::ActivityKind::Kernel, name}, [&] {
+      DeviceOutputScope scope(d);
+      at::AutoGradMode grad(true);
+      for (const auto& t : tensors) {
+        auto leaf = hostViewHolding(t).detach();
+        if (t.requires_grad()) leaf.requires_grad_(true);
+        state->leaves.push_back(std::move(leaf));
+      }
+      const auto& l = state->leaves;
+      state->outputs = cpu(l[0], TensorList(l).slice(1, num_hidden), TensorList(l).slice(1 + num_hidden));
+      std::vector<Tensor> out;
+      for (const auto& o : state->outputs) {  // the graph keeps its own: the caller gets copies
+        auto copy = at::empty_like(o, o.options().device(kNeuron, d));
+        hostView(copy).copy_(o);
+        out.push_back(std::move(copy));
+      }
+      return out;
+    });
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto inputs = ctx->get_saved_variables();  // raises if one was modified in place since
+    auto holder = ctx->saved_data["state"].toCapsule();
+    auto* state = static_cast<HostGraphState*>(holder.get());
+    torch::autograd::variable_list result(inputs.size() + 4);
+    std::vector<size_t> wanted;
+    for (size_t j = 0; j < inputs.size(); ++j)
+      if (ctx->needs_input_grad(j)) wanted.push_back(j);
+    if (wanted.empty()) return result;
+
+    if (c10::GradMode::is_enabled()) {  // create_graph: the same ops on the device, recorded
+      const auto nh = state->num_hidden;
+      auto outs = state->op_by_op(inputs[0], TensorList(inputs).slice(1, nh), TensorList(inputs).slice(1 + nh));
+      std::vector<Tensor> os, gs, xs;
+      for (size_t i = 0; i < grads.size(); ++i)
+        if (grads[i].defined()) os.push_back(outs[i]), gs.push_back(grads[i]);
+      for (auto j : wanted) xs.push_back(inputs[j]);
+      auto g = torch::autograd::grad(os, xs, gs, /*retain_graph=*/true, /*create_graph=*/true, /*allow_unused=*/true);
+      for (size_t k = 0; k < wanted.size(); ++k) result[wanted[k]] = g[k];
+      return result;
+    }
+
+    TORCH_CHECK(!state->outputs.empty(), "Trying to backward through the graph of neuron's ", state->name,
+                " a second time; specify retain_graph=True if you need to backward through it again");
+    const bool keep = torch::autograd::get_current_graph_task_keep_graph();
+    const auto d = state->device;
+    launch(d, {rt::ActivityKind::Kernel, state->name}, [&] {
+      DeviceOutputScope scope(d);
+      std::vector<Tensor> os, gs, xs;
+      for (size_t i = 0; i < grads.size(); ++i)
+        if (grads[i].defined()) os.push_back(state->outputs[i]), gs.push_back(hostView(grads[i]));
+      for (auto j : wanted) xs.push_back(state->leaves[j]);
+      if (os.empty()) return;
+      auto g = torch::autograd::grad(os, xs, gs, keep, /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t k = 0; k < wanted.size(); ++k) result[wanted[k]] = deviceResult(g[k], d);
+    });
+    if (!keep) {  // free the CPU graph now, as the CPU's backward frees its own
+      state->outputs.clear();
+      state->leaves.clear();
+    }
+    return result;
+  }
+};
+
+bool anyRequiresGrad(const Tensor& input, TensorList hx, TensorList params) {
+  auto req = [](const Tensor& t) { return t.requires_grad(); };
+  return req(input) || std::any_of(hx.begin(), hx.end(), req) || std::any_of(params.begin(), params.end(), req);
+}
+
+// Runs an RNN op on neuron by the fastest path that gives the CPU's numbers:
+//   * nothing for autograd to record: the CPU's op, whole, in one launch on host views;
+//   * else, when `host_graph` (the CPU runs the op as a composite of many small ops): the CPU's op
+//     and its autograd graph on device memory (HostGraph);
+//   * else (oneDNN's LSTM, dropout, fake or functional tensors, a Python mode, tensors on several
+//     devices): `op_by_op`, the CPU's ops dispatched one by one on the device.
+std::vector<Tensor> runRnn(const char* name, const Tensor& input, TensorList hx, TensorList params, double dropout_p,
+                           bool train, bool host_graph, const RnnFn& cpu, const RnnFn& op_by_op) {
+  if (wholeOnHost(input, hx, params, dropout_p, train)) {
+    const auto d = input.device().index();
+    return launch(d, {rt::ActivityKind::Kernel, name}, [&] {
+      DeviceOutputScope scope(d);
+      auto outs = cpu(hostArgument(input), hostArguments(hx), hostArguments(params));
+      for (auto& o : outs) o = deviceResult(o, d);
+      return outs;
+    });
+  }
+  if (host_graph && plainOnOneDevice(input, hx, params, dropout_p, train)) {
+    torch::autograd::variable_list tensors{input};
+    tensors.insert(tensors.end(), hx.begin(), hx.end());
+    tensors.insert(tensors.end(), params.begin(), params.end());
+    return HostGraph::apply(TensorList(tensors), name, static_cast<int64_t>(hx.size()), cpu, op_by_op);
+  }
+  return op_by_op(input, hx, params);
 }
 
 template <Cell kCell>
-std::tuple<Tensor, Tensor> cpuOneHiddenPacked(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
-                                              TensorList params, bool has_biases, int64_t num_layers,
-                                              double dropout_p, bool train, bool bidirectional) {
-  if constexpr (kCell == Cell::Gru)
-    return at::gru(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
-  else if constexpr (kCell == Cell::Tanh)
-    return at::rnn_tanh(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
-  else
-    return at::rnn_relu(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train, bidirectional);
+constexpr const char* rnnName() {
+  return kCell == Cell::Gru ? "gru" : kCell == Cell::Tanh ? "rnn_tanh" : kCell == Cell::Relu ? "rnn_relu" : "lstm";
 }
 
 template <Cell kCell>
 std::tuple<Tensor, Tensor> oneHiddenInput(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
                                           int64_t num_layers, double dropout_p, bool train, bool bidirectional,
                                           bool batch_first) {
-  if (wholeOnHost(input, hx, params, dropout_p, train)) {
-    return onHost<Tensor, Tensor>(CpuOps<kCell>::name, input, [&] {
-      return cpuOneHidden<kCell>(hostArgument(input), hostArgument(hx), hostArguments(params), has_biases,
-                                 num_layers, dropout_p, train, bidirectional, batch_first);
-    });
-  }
-  at::native::check_attributes(input, params, hx);
-  auto x = batch_first ? input.transpose(0, 1) : input;
-  auto weights = layerWeights(params, has_biases, false);
-  auto [out, finals] =
-      layers(kCell, x, nullptr, 0, oneHidden(hx), weights, num_layers, dropout_p, train, bidirectional);
-  auto hy = stacked(finals, false);
-  if (batch_first) out.transpose_(0, 1);
-  return {out, hy};
+  auto cpu = [=](const Tensor& x, TensorList h, TensorList p) {
+    std::tuple<Tensor, Tensor> r;
+    if constexpr (kCell == Cell::Gru)
+      r = at::gru(x, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+    else if constexpr (kCell == Cell::Tanh)
+      r = at::rnn_tanh(x, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+    else
+      r = at::rnn_relu(x, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+    return std::vector<Tensor>{std::get<0>(r), std::get<1>(r)};
+  };
+  auto op_by_op = [=](const Tensor& input, TensorList h, TensorList params) {
+    at::native::check_attributes(input, params, h);
+    auto x = batch_first ? input.transpose(0, 1) : input;
+    auto weights = layerWeights(params, has_biases, false);
+    auto [out, finals] =
+        layers(kCell, x, nullptr, 0, oneHidden(h[0]), weights, num_layers, dropout_p, train, bidirectional);
+    auto hy = stacked(finals, false);
+    if (batch_first) out.transpose_(0, 1);
+    return std::vector<Tensor>{out, hy};
+  };
+  auto r = runRnn(rnnName<kCell>(), input, hx, params, dropout_p, train, true, cpu, op_by_op);
+  return {r[0], r[1]};
 }
 
 template <Cell kCell>
 std::tuple<Tensor, Tensor> oneHiddenPacked(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
                                            TensorList params, bool has_biases, int64_t num_layers, double dropout_p,
                                            bool train, bool bidirectional) {
-  if (wholeOnHost(data, hx, params, dropout_p, train)) {
-    return onHost<Tensor, Tensor>(CpuOps<kCell>::name, data, [&] {
-      return cpuOneHiddenPacked<kCell>(hostArgument(data), batch_sizes, hostArgument(hx), hostArguments(params),
-                                       has_biases, num_layers, dropout_p, train, bidirectional);
-    });
-  }
-  auto sizes = batch_sizes.contiguous();
-  auto weights = layerWeights(params, has_biases, false);
-  auto [out, finals] = layers(kCell, data, sizes.data_ptr<int64_t>(), sizes.size(0), oneHidden(hx), weights,
-                              num_layers, dropout_p, train, bidirectional);
-  return {out, stacked(finals, false)};
+  auto cpu = [=](const Tensor& x, TensorList h, TensorList p) {
+    std::tuple<Tensor, Tensor> r;
+    if constexpr (kCell == Cell::Gru)
+      r = at::gru(x, batch_sizes, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional);
+    else if constexpr (kCell == Cell::Tanh)
+      r = at::rnn_tanh(x, batch_sizes, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional);
+    else
+      r = at::rnn_relu(x, batch_sizes, h[0], p, has_biases, num_layers, dropout_p, train, bidirectional);
+    return std::vector<Tensor>{std::get<0>(r), std::get<1>(r)};
+  };
+  auto op_by_op = [=](const Tensor& data, TensorList h, TensorList params) {
+    auto sizes = batch_sizes.contiguous();
+    auto weights = layerWeights(params, has_biases, false);
+    auto [out, finals] = layers(kCell, data, sizes.data_ptr<int64_t>(), sizes.size(0), oneHidden(h[0]), weights,
+                                num_layers, dropout_p, train, bidirectional);
+    return std::vector<Tensor>{out, stacked(finals, false)};
+  };
+  auto r = runRnn(rnnName<kCell>(), data, hx, params, dropout_p, train, true, cpu, op_by_op);
+  return {r[0], r[1]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> lstmInput(const Tensor& input, TensorList hx, TensorList params, bool has_biases,
                                              int64_t num_layers, double dropout_p, bool train, bool bidirectional,
                                              bool batch_first) {
   TORCH_CHECK(hx.size() == 2, "lstm expects two hidden states");
-  if (wholeOnHost(input, hx, params, dropout_p, train)) {
-    return onHost<Tensor, Tensor, Tensor>("lstm", input, [&] {
-      return at::lstm(hostArgument(input), hostArguments(hx), hostArguments(params), has_biases, num_layers,
-                      dropout_p, train, bidirectional, batch_first);
-    });
-  }
   const bool has_projections = hx[0].sym_size(2) != hx[1].sym_size(2);
-  if (!has_projections && !hx[0].unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
-      cpuUsesOneDnn(input, params, hx)) {
-    return lstmOneDnn(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
-  }
-  at::native::check_attributes(input, params, hx);
-  auto x = batch_first ? input.transpose(0, 1) : input;
-  auto weights = layerWeights(params, has_biases, has_projections);
-  auto [out, finals] = layers(Cell::Lstm, x, nullptr, 0, twoHidden(hx[0], hx[1]), weights, num_layers, dropout_p,
-                              train, bidirectional);
-  auto hy = stacked(finals, false);
-  auto cy = stacked(finals, true);
-  if (batch_first) out = out.transpose(0, 1);
-  return {out, hy, cy};
+  const bool onednn = !has_projections && !hx[0].unsafeGetTensorImpl()->has_symbolic_sizes_strides() &&
+                      cpuUsesOneDnn(input, params, hx);
+  auto cpu = [=](const Tensor& x, TensorList h, TensorList p) {
+    auto [out, hy, cy] = at::lstm(x, h, p, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+    return std::vector<Tensor>{out, hy, cy};
+  };
+  auto op_by_op = [=](const Tensor& input, TensorList hx, TensorList params) {
+    if (onednn) {
+      auto [out, hy, cy] =
+          lstmOneDnn(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, batch_first);
+      return std::vector<Tensor>{out, hy, cy};
+    }
+    at::native::check_attributes(input, params, hx);
+    auto x = batch_first ? input.transpose(0, 1) : input;
+    auto weights = layerWeights(params, has_biases, has_projections);
+    auto [out, finals] = layers(Cell::Lstm, x, nullptr, 0, twoHidden(hx[0], hx[1]), weights, num_layers, dropout_p,
+                                train, bidirectional);
+    auto hy = stacked(finals, false);
+    auto cy = stacked(finals, true);
+    if (batch_first) out = out.transpose(0, 1);
+    return std::vector<Tensor>{out, hy, cy};
+  };
+  auto r = runRnn("lstm", input, hx, params, dropout_p, train, !onednn, cpu, op_by_op);
+  return {r[0], r[1], r[2]};
 }
 
 std::tuple<Tensor, Tensor, Tensor> lstmPacked(const Tensor& data, const Tensor& batch_sizes, TensorList hx,
                                               TensorList params, bool has_biases, int64_t num_layers,
                                               double dropout_p, bool train, bool bidirectional) {
   TORCH_CHECK(hx.size() == 2, "lstm expects two hidden states");
-  if (wholeOnHost(data, hx, params, dropout_p, train)) {
-    return onHost<Tensor, Tensor, Tensor>("lstm", data, [&] {
-      return at::lstm(hostArgument(data), batch_sizes, hostArguments(hx), hostArguments(params), has_biases,
-                      num_layers, dropout_p, train, bidirectional);
-    });
-  }
-  const bool has_projections = hx[0].size(2) != hx[1].size(2);
-  auto sizes = batch_sizes.contiguous();
-  auto weights = layerWeights(params, has_biases, has_projections);
-  auto [out, finals] = layers(Cell::Lstm, data, sizes.data_ptr<int64_t>(), sizes.size(0), twoHidden(hx[0], hx[1]),
-                              weights, num_layers, dropout_p, train, bidirectional);
-  auto hy = stacked(finals, false);
-  auto cy = stacked(finals, true);
-  return {out, hy, cy};
+  auto cpu = [=](const Tensor& x, TensorList h, TensorList p) {
+    auto [out, hy, cy] = at::lstm(x, batch_sizes, h, p, has_biases, num_layers, dropout_p, train, bidirectional);
+    return std::vector<Tensor>{out, hy, cy};
+  };
+  auto op_by_op = [=](const Tensor& data, TensorList hx, TensorList params) {
+    const bool has_projections = hx[0].size(2) != hx[1].size(2);
+    auto sizes = batch_sizes.contiguous();
+    auto weights = layerWeights(params, has_biases, has_projections);
+    auto [out, finals] = layers(Cell::Lstm, data, sizes.data_ptr<int64_t>(), sizes.size(0),
+                                twoHidden(hx[0], hx[1]), weights, num_layers, dropout_p, train, bidirectional);
+    auto hy = stacked(finals, false);
+    auto cy = stacked(finals, true);
+    return std::vector<Tensor>{out, hy, cy};
+  };
+  auto r = runRnn("lstm", data, hx, params, dropout_p, train, true, cpu, op_by_op);
+  return {r[0], r[1], r[2]};
 }
 
 // The cells' argument checks, with the CPU's messages.
