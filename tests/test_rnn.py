@@ -1,10 +1,11 @@
 """Recurrent networks on neuron equal the CPU's bit for bit: LSTM, GRU and RNN, their cells, training steps.
 
 On the CPU an LSTM runs oneDNN's fused layer (``aten::mkldnn_rnn_layer``) and
-the other networks a composite of ops; neuron runs the same ops in the same
-order (``csrc/aten/rnn.cpp``), so outputs, gradients and the weights after a
-few SGD steps are equal (``rtol=0, atol=0``), and the ops dispatched are the
-CPU's.
+the other networks a composite of ops; neuron takes the same path
+(``csrc/aten/rnn.cpp``): the CPU's op whole without autograd, the CPU's op and
+its autograd graph over device memory for the composites, the CPU's ops one by
+one otherwise (and under a Python mode, which then sees the CPU's ops). Outputs,
+gradients and the weights after a few SGD steps are equal (``rtol=0, atol=0``).
 """
 
 import copy

@@ -10,16 +10,20 @@
 //   * on any other device it runs cell by cell, projecting each step's input separately, through the
 //     fused _thnn_fused_{lstm,gru}_cell kernels.
 // The third path rounds differently from the other two, and the difference grows with the sequence
-// (an epoch of word_language_model ended 3% off in valid loss). Neuron takes the CPU's path instead:
-// oneDNN's layers as the CPU's lstm calls them, or the same ops as the CPU's composite in the same
-// order, each on device memory through the usual kernels (mkldnn_rnn_layer and its backward reach the
-// CPU kernel through the fallback). Forward and backward equal the CPU's bit for bit.
+// (an epoch of word_language_model ended 3% off in valid loss). Neuron takes the CPU's path instead,
+// by the cheapest of three routes that give the CPU's numbers bit for bit (runRnn):
+//   * nothing for autograd to record (no_grad, inference mode, nothing requiring grad) and nothing
+//     random to draw: the CPU's own op, run whole in one launch on host views of its arguments;
+//   * a composite of small ops (GRU, RNN, packed or projected LSTM) with autograd: the CPU's own op
+//     and its autograd graph, recorded over device memory in one launch, run backward in another
+//     (HostGraph);
+//   * otherwise (oneDNN's LSTM, whose few layer ops have their own backward; dropout, which must draw
+//     from the device's generator; fake or functional tensors and Python modes, which must see the
+//     ops): the CPU's ops dispatched one by one on the device in the CPU's order, mkldnn_rnn_layer and
+//     its backward as zero-copy kernels.
 //
-// Without autograd to record (no_grad, inference mode, nothing requiring grad) and nothing random to
-// draw, the op is simply the CPU's own, run whole in one launch on host views of its arguments.
-//
-// Registered for AutogradPrivateUse1, where a composite runs (autograd comes from the ops inside), and
-// for PrivateUse1, which inference mode reaches.
+// Registered for AutogradPrivateUse1, where a composite runs (autograd comes from the ops inside, or
+// from HostGraph), and for PrivateUse1, which inference mode reaches.
 #include "neuron.h"
 
 #include <ATen/ATen.h>
