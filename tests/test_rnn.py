@@ -268,3 +268,24 @@ def test_backward_frees_what_the_forward_kept():
     del out
     torch.neuron.synchronize()
     assert torch.neuron.memory_allocated() == before
+
+
+@pytest.mark.parametrize("how", ["checkpoint", "checkpoint reentrant", "save_on_cpu"])
+def test_activation_checkpointing_and_offloading_equal_the_cpu(how):
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    model = torch.nn.GRU(8, 16, num_layers=2)
+    x = _batches(model, steps=1)[0]
+
+    def grads(device):
+        m = copy.deepcopy(model).to(device)
+        xd = x.to(device).requires_grad_(True)
+        if how == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu():
+                out = m(xd)[0]
+        else:
+            out = checkpoint(lambda t: m(t)[0], xd, use_reentrant=how.endswith("reentrant"))
+        out.pow(2).sum().backward()
+        return [xd.grad.cpu()] + [p.grad.cpu() for p in m.parameters()]
+
+    _assert_equal(grads(DEV), grads("cpu"))

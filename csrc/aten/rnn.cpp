@@ -18,8 +18,8 @@
 //     and its autograd graph, recorded over device memory in one launch, run backward in another
 //     (HostGraph);
 //   * otherwise (oneDNN's LSTM, whose few layer ops have their own backward; dropout, which must draw
-//     from the device's generator; fake or functional tensors and Python modes, which must see the
-//     ops): the CPU's ops dispatched one by one on the device in the CPU's order, mkldnn_rnn_layer and
+//     from the device's generator; fake or functional tensors, Python modes and saved-tensor hooks,
+//     which must see the ops or their device tensors): the CPU's ops dispatched one by one on the device in the CPU's order, mkldnn_rnn_layer and
 //     its backward as zero-copy kernels.
 //
 // Registered for AutogradPrivateUse1, where a composite runs (autograd comes from the ops inside, or
@@ -28,6 +28,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/RNN.h>
 #include <c10/core/GradMode.h>
@@ -472,7 +473,10 @@ std::vector<Tensor> runRnn(const char* name, const Tensor& input, TensorList hx,
       return outs;
     });
   }
-  if (host_graph && plainOnOneDevice(input, hx, params, dropout_p, train)) {
+  // Saved-tensor hooks (save_on_cpu, non-reentrant checkpointing) act on the device tensors an op saves:
+  // the CPU graph's would look to them like CPU tensors.
+  if (host_graph && !at::SavedTensorDefaultHooks::get_hooks().has_value() &&
+      plainOnOneDevice(input, hx, params, dropout_p, train)) {
     torch::autograd::variable_list tensors{input};
     tensors.insert(tensors.end(), hx.begin(), hx.end());
     tensors.insert(tensors.end(), params.begin(), params.end());
