@@ -541,3 +541,66 @@ def test_a_users_own_llama3_8b_script_projects_in_fake_mode_without_allocating(t
     assert rows["trn1.32xlarge"]["devices"] == 32 and rows["p5.48xlarge"]["devices"] == 8
     assert all(r["usd_per_million_tokens"] > 0 for r in rows.values())
     assert "loss 1.0" in capsys.readouterr().out
+
+
+def test_counting_marks_where_fused_eager_cuts_its_groups():
+    with projection.count() as p:
+        x = torch.randn(8, 8, device="neuron")       # random: runs by itself
+        y = (x * 2).relu()
+        total = y.sum().item()                         # a read: the next op starts a group
+        z = y + total
+        picked = z[z > 0]                              # a boolean mask: a data-dependent shape
+        rows = z[torch.tensor([0, 2], device="neuron")]  # integer indices are recorded as usual
+        host = rows.cpu()                              # a copy to the host
+        projection.mark_step()
+    ops = p.steps[0].ops
+    cut = {op.name: op.cut for op in ops}
+    assert cut["aten.randn.default"] == counting.CUT_RANDOM
+    assert cut["aten.mul.Tensor"] == "" and cut["aten.relu.default"] == ""
+    assert cut["aten.add.Tensor"] == counting.CUT_HOST_READ
+    index_cuts = [op.cut for op in ops if op.name == "aten.index.Tensor"]
+    assert index_cuts == [counting.CUT_DATA_DEPENDENT, ""]
+    assert [op.cut for op in ops if op.name == "aten._to_copy.default"][-1] == counting.CUT_HOST_COPY
+    assert picked.numel() > 0 and host.device.type == "cpu"
+
+
+def test_fused_mode_compiles_groups_between_cuts_and_runs_small_ones_op_by_op():
+    from torchneuron.projection.model import FUSED_MIN_OPS, _kernels
+
+    def op(cut=""):
+        return counting.OpRecord("aten.add.Tensor", counting.ELEMENTWISE, 1.0, 8, 4, "float32", cut=cut)
+
+    launch, kernel = 50e-6, 2e-6
+    big, small = FUSED_MIN_OPS + 8, FUSED_MIN_OPS - 22
+    ops = [op() for _ in range(big)] + [op(counting.CUT_RANDOM)] + [op() for _ in range(small)]
+    kernels = _kernels(ops, "fused", launch, kernel)
+    fixed = sum(k["fixed"] * k["calls"] for k in kernels)
+    # The big group: one graph launch and one fused kernel; the random op and the small group op by op.
+    assert fixed == pytest.approx(launch + kernel + launch + small * launch)
+    assert sum(k["fixed"] * k["calls"] for k in _kernels(ops, "eager", launch, kernel)) == pytest.approx(len(ops) * launch)
+    # Work is the same in every mode; only what is read and written between fused ops changes.
+    flops = lambda ks: sum(sum(k["flops"].values()) for k in ks)  # noqa: E731
+    assert flops(kernels) == flops(_kernels(ops, "eager", launch, kernel)) == len(ops)
+
+
+def test_fused_eager_projects_between_eager_and_compiled():
+    def loop():
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU()) for _ in range(6)]).to("neuron")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(16, 32, device="neuron")
+        for _ in range(3):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            projection.mark_step(samples=16)
+
+    with projection.count() as p:
+        loop()
+    rows = {mode: p.project(["trn1.32xlarge"], mode=mode).rows[0] for mode in ("eager", "fused", "compiled")}
+    launches = {mode: row["breakdown"]["launch overhead"] for mode, row in rows.items()}
+    assert launches["compiled"] < launches["fused"] < launches["eager"] / 5
+    assert rows["compiled"]["step_s"] <= rows["fused"]["step_s"] < rows["eager"]["step_s"]
+    assert rows["fused"]["mode"] == "fused"

@@ -139,8 +139,10 @@ def _add_project_arguments(parser: argparse.ArgumentParser) -> None:
                              "NAME@tp=8:pp=2 as for --target")
     parser.add_argument("--fake", action="store_true",
                         help="run on fake tensors: nothing computed or allocated, values read back are 1")
-    parser.add_argument("--mode", choices=("eager", "compiled"), default="eager",
-                        help="eager pays a launch per op; compiled fuses non-matmul ops (default: eager)")
+    parser.add_argument("--mode", choices=("eager", "fused", "compiled"), default="eager",
+                        help="eager pays a launch per op; fused runs each group between fused eager's cuts "
+                             "(host reads, random ops, collectives) as one compiled graph; compiled fuses "
+                             "non-matmul ops (default: eager)")
     parser.add_argument("--dp", type=_positive_int, default=None,
                         help="data-parallel replicas (default: as many as fill each instance, so that every "
                              "device paid for works; fewer leave devices idle, and the report shows their cost)")

@@ -99,6 +99,17 @@ _COLLECTIVE_NAMES = {
     "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "allreduce_coalesced_": "all_reduce",
 }
 
+# Where fused eager (docs/fused_eager.md, "Where a group is cut") ends a group of recorded ops. A
+# value read back to the host ends the group before the next op; the other causes are ops fused
+# eager cannot record, which run by themselves, op by op, between two groups.
+CUT_HOST_READ = "host read"
+CUT_HOST_COPY = "host copy"
+CUT_RANDOM = "random op"
+CUT_DATA_DEPENDENT = "data-dependent shape"
+CUT_COLLECTIVE = "collective"
+RUNS_ALONE = (CUT_HOST_COPY, CUT_RANDOM, CUT_DATA_DEPENDENT, CUT_COLLECTIVE)
+_HOST_COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
+
 # Attention kernels PyTorch's registry does not list (the CPU flash kernel the neuron device runs):
 # counted like the registry's flash-attention formulas, 2 matmuls forward and 5 backward.
 _EXTRA_FLOPS = {}
@@ -126,6 +137,8 @@ class OpRecord:
         phase: ``"model"`` (forward and backward) or ``"optimizer"`` (inside ``Optimizer.step``).
         inputs, outputs: ``(storage identity, bytes)`` of each tensor read and written, so that a
             fused kernel can tell the tensors its own ops produce from those it reads from memory.
+        cut: why fused eager would end its group before this op (one of the ``CUT_*`` names), or
+            ``""``; for the causes in :data:`RUNS_ALONE` the op also runs by itself, op by op.
     """
 
     name: str
@@ -140,6 +153,7 @@ class OpRecord:
     phase: str = "model"
     inputs: tuple = ()
     outputs: tuple = ()
+    cut: str = ""
 
 
 @dataclass
@@ -273,6 +287,7 @@ class CountingMode(TorchDispatchMode):
         self._ops_since_sweep = 0
         self._idents: Dict[int, Any] = {}
         self._serial = 0
+        self._pending_cut = ""  # a value was read back since the last recorded op
 
     def __enter__(self) -> "CountingMode":
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -459,11 +474,14 @@ class CountingMode(TorchDispatchMode):
         info = _OP_INFO.get(func)
         if info is None:
             info = _OP_INFO[func] = _op_info(func)
-        base, cls, free, inplace = info
-        if base == "_local_scalar_dense" and _is_fake_or_meta(args[0]):
-            # A value read back to Python (loss.item()) has no value without data; fake mode reads 1.
-            self.data_dependent_reads += 1
-            return 1 if not args[0].is_floating_point() else 1.0
+        base, cls, free, inplace, cut = info
+        if base == "_local_scalar_dense":
+            if args[0].device.type != "cpu":  # a CPU scalar (an optimizer's step count) is no device read
+                self._pending_cut = CUT_HOST_READ
+            if _is_fake_or_meta(args[0]):
+                # A value read back to Python (loss.item()) has no value without data; fake mode reads 1.
+                self.data_dependent_reads += 1
+                return 1 if not args[0].is_floating_point() else 1.0
         out = func(*args, **kwargs) if kwargs else func(*args)
         if free:
             return out
@@ -502,6 +520,17 @@ class CountingMode(TorchDispatchMode):
         if cls == COLLECTIVE:
             record.collective = _COLLECTIVE_NAMES.get(base, base)
             record.group_size = _group_size(args) or self.group_size
+        if cut == CUT_RANDOM and (drop_at := _DROPOUT_ARG.get(func)) is not None:
+            # Attention with dropout_p == 0 draws nothing: fused eager records it like any op.
+            p_drop = args[drop_at] if len(args) > drop_at else (kwargs or {}).get("dropout_p", 0.0)
+            cut = CUT_RANDOM if p_drop else ""
+        elif cut == CUT_DATA_DEPENDENT and base in ("index", "_unsafe_index"):
+            # Integer indices have sizes known ahead; only a boolean mask's result depends on the data.
+            cut = CUT_DATA_DEPENDENT if any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]) else ""
+        elif base in _HOST_COPIES and len({t.device.type for t in inputs + outputs}) > 1:
+            cut = CUT_HOST_COPY
+        record.cut = cut or self._pending_cut
+        self._pending_cut = CUT_HOST_READ if cut == CUT_HOST_READ else ""
         self.current.ops.append(record)
         self._track(fresh)
         return out
@@ -688,6 +717,7 @@ def _arg_signature(a: Any) -> Any:
 
 # Per-op facts that do not change between calls: (base name, class, free, in-place).
 _OP_INFO: Dict[Any, tuple] = {}
+_DROPOUT_ARG: Dict[Any, int] = {}  # random ops that draw only with a dropout probability: its position
 _OP_NAMES: Dict[Any, str] = {}
 _DTYPE_NAMES = {d: str(d).replace("torch.", "") for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
@@ -713,7 +743,22 @@ def _op_name(func: Any) -> str:
 def _op_info(func: Any) -> tuple:
     base = func.overloadpacket.__name__
     free = func.namespace in ("profiler", "prim") or _is_free(func, base)
-    return base, _classify(base, func), free, base.endswith("_")
+    cls = _classify(base, func)
+    tags = getattr(func, "tags", ())
+    if cls == COLLECTIVE:
+        cut = CUT_COLLECTIVE
+    elif torch.Tag.nondeterministic_seeded in tags:
+        cut = CUT_RANDOM
+        names = [a.name for a in func._schema.arguments]
+        if "dropout_p" in names:
+            _DROPOUT_ARG[func] = names.index("dropout_p")
+    elif torch.Tag.dynamic_output_shape in tags:
+        cut = CUT_DATA_DEPENDENT
+    elif torch.Tag.data_dependent_output in tags:  # equal, allclose: a value for the host
+        cut = CUT_HOST_READ
+    else:
+        cut = ""
+    return base, cls, free, base.endswith("_"), cut
 
 
 def _flat_tensors(items: Any) -> List[torch.Tensor]:

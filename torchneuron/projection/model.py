@@ -7,7 +7,9 @@ tensor engine, elementwise and reductions on the vector engine, transcendentals 
 (activation) engine, gather/scatter and copies as DMA (memory only), sort on the GPSIMD cores.
 Eager execution pays a launch cost per op; compiled execution fuses each run of consecutive
 non-matmul ops into one kernel (it reads the tensors its ops did not produce and writes those no
-later op of it consumes) and pays a smaller cost per kernel. Collectives move a ring's bytes (all-reduce ``2(n-1)/n·bytes`` over the link
+later op of it consumes) and pays a smaller cost per kernel. Fused eager runs each group of ops
+between two of its cuts (host reads and copies, random ops, collectives) as one compiled graph, a
+launch for the graph and a kernel's cost per fused kernel, and groups too small to compile op by op. Collectives move a ring's bytes (all-reduce ``2(n-1)/n·bytes`` over the link
 bandwidth; all-gather and reduce-scatter half that) and pay a latency per hop of recursive
 halving/doubling (``log2 n`` hops each way).
 
@@ -272,9 +274,50 @@ def _fused_bytes(run: Sequence[C.OpRecord]) -> float:
     return read + written
 
 
-def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
-    """Group op records into kernels: one per op in eager mode, fused runs in compiled mode."""
+MODES = ("eager", "fused", "compiled")
+# Fused eager compiles a group seen again once it has at least this many ops, and cuts a group at
+# this many (docs/fused_eager.md; csrc/aten/fused.cpp).
+FUSED_MIN_OPS = 32
+FUSED_MAX_OPS = 4096
+
+
+def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel_s: float = 0.0) -> List[Dict[str, Any]]:
+    """Group op records into kernels, each with its fixed cost per call (``fixed``, seconds).
+
+    ``eager``: one kernel per op, a launch each. ``compiled``: each run of consecutive non-matmul
+    ops in one phase is one kernel, matmuls their own, a kernel's cost each. ``fused`` (fused
+    eager in its steady state): the ops between two of fused eager's cuts form a group; a group of
+    :data:`FUSED_MAX_OPS` or fewer and at least :data:`FUSED_MIN_OPS` ops runs as one compiled graph
+    (its kernels as in ``compiled``, plus one launch for the graph), a smaller one op by op, and an
+    op fused eager cannot record (a random op, a copy to or from the host, a collective, a
+    data-dependent shape) by itself, op by op.
+    """
     kernels: List[Dict[str, Any]] = []
+    if mode == "fused":
+        group: List[C.OpRecord] = []
+
+        def close() -> None:
+            if len(group) >= FUSED_MIN_OPS:
+                kernels.append({"flops": {}, "bytes": 0, "calls": 1, "phase": group[0].phase,
+                                "name": f"fused group launch ({len(group)} ops)", "fixed": launch_s})
+                kernels.extend(_kernels(group, "compiled", launch_s, kernel_s))
+            else:
+                kernels.extend(_kernels(group, "eager", launch_s, kernel_s))
+            group.clear()
+
+        for op in ops:
+            if op.cls == C.COLLECTIVE:
+                close()
+                continue
+            if op.cut or len(group) >= FUSED_MAX_OPS:
+                close()
+            if op.cut in C.RUNS_ALONE:
+                kernels.extend(_kernels([op], "eager", launch_s, kernel_s))
+            else:
+                group.append(op)
+        close()
+        return kernels
+
     run: List[C.OpRecord] = []
 
     def flush() -> None:
@@ -286,7 +329,7 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
         names = [op.name.split(".")[1] if op.name.startswith("aten.") else op.name for op in run]
         label = names[0] if len(names) == 1 else f"fused {names[0]} +{len(names) - 1}"
         kernels.append({"flops": by_engine, "bytes": _fused_bytes(run), "calls": 1, "phase": run[0].phase,
-                        "name": label})
+                        "name": label, "fixed": kernel_s})
         run.clear()
 
     for op in ops:
@@ -296,7 +339,7 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str) -> List[Dict[str, Any]]:
             flush()
             kernels.append({"flops": {(ENGINE_OF[op.cls], op.dtype): op.flops},
                             "bytes": op.bytes_read + op.bytes_written, "calls": op.count, "phase": op.phase,
-                            "name": op.name})
+                            "name": op.name, "fixed": launch_s if mode == "eager" else kernel_s})
         else:
             if run and run[-1].phase != op.phase:
                 flush()
@@ -335,7 +378,8 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
             training, one optimizer step, on one device.
         target: the instance to project on.
         par: parallelism (default: one device).
-        mode: ``"eager"`` (launch per op) or ``"compiled"`` (fused kernels).
+        mode: ``"eager"`` (launch per op), ``"fused"`` (fused eager: its groups as compiled
+            graphs, see :func:`_kernels`) or ``"compiled"`` (fused kernels).
         hints: model facts for parallel traffic and memory.
         trace: if given, receives the projected timeline of one optimizer step on one device (the
             last counted step's kernels in order, then the parallel traffic): one dict per kernel
@@ -345,14 +389,14 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         A dict: ``step_s``, ``breakdown`` (seconds by component), ``memory`` (bytes per device,
         capacity, fits), ``flops`` (per step, all devices), ``tokens``/``samples`` per step.
     """
-    if mode not in ("eager", "compiled"):
-        raise ValueError(f"mode must be 'eager' or 'compiled', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     par = (par or Parallelism()).on(target)
     hints = hints or ModelHints()
     nsteps = max(1, len(steps))
     devices_per_node = target.devices_per_instance
     nodes = par.nodes
-    fixed_cost = float(_val(target.gen["launch_s" if mode == "eager" else "kernel_s"]))
+    launch_s, kernel_s = float(_val(target.gen["launch_s"])), float(_val(target.gen["kernel_s"]))
 
     breakdown: Dict[str, float] = {}
 
@@ -364,7 +408,7 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     bubble = (par.pp - 1) / m if par.pp > 1 else 0.0
     for index, step in enumerate(steps):
         traced = trace is not None and index == len(steps) - 1
-        for k in _kernels(step.ops, mode):
+        for k in _kernels(step.ops, mode, launch_s, kernel_s):
             training_opt = k["phase"] == "optimizer"
             split = model_split * (par.dp if (training_opt and par.zero1) else 1)
             repeat = 1 if training_opt else m * (1 + bubble)
@@ -379,9 +423,9 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
                     add(f"compute:{engine}", s * w)
             else:
                 add("memory-bound", memory_s * w)
-            launch = fixed_cost * k["calls"] * repeat / par.pp
+            launch = k["fixed"] * k["calls"] * repeat / par.pp
             add("launch overhead", launch / nsteps)
-            if traced:
+            if traced and (compute or k["bytes"]):
                 engine = max(compute, key=compute.get)[0] if bound == "compute" else "memory-bound"
                 trace.append({"name": k["name"], "track": engine, "seconds": max(compute_s, memory_s) * repeat / split,
                               "phase": k["phase"], "flops": sum(k["flops"].values()), "bytes": k["bytes"]})

@@ -120,8 +120,8 @@ class Projection:
             targets: instance names to project on (Trainium, typically).
             compare: instance names to compare with (GPUs, typically).
             parallel: parallelism for every target, or a mapping from instance name to its own
-                (missing names get one device); one device by default.
-            mode: ``"eager"`` or ``"compiled"``.
+                (missing names get the default); by default every device of the instance, data parallel.
+            mode: ``"eager"``, ``"fused"`` (fused eager) or ``"compiled"``.
             skip_first: leave out the first step when there are more (warm-up, lazy optimizer state).
             prices: on-demand USD per hour by instance name, in place of ``hardware.json``'s (for
                 instances without a published price, or your own rate); the report says so.
@@ -351,7 +351,11 @@ def _num(x: Optional[float]) -> str:
 
 
 def _money(x: Optional[float], verified: bool) -> str:
-    return "n/a" if x is None else f"{x:,.2f}" + ("" if verified else "*")
+    """Dollars with cents, or three significant figures below a dollar (0.00123, not 0.00)."""
+    if x is None:
+        return "n/a"
+    text = f"{x:,.2f}" if x >= 1.0 or x == 0.0 else f"{x:.3g}"
+    return text + ("" if verified else "*")
 
 
 def _ratio(x: Optional[float]) -> str:
