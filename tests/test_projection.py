@@ -100,6 +100,28 @@ def test_counting_real_run_equals_fake_run():
     assert any(op.phase == "optimizer" for op in real.steps[-1].ops)
 
 
+def test_fake_mode_reads_batches_a_pinning_data_loader_makes():
+    """A DataLoader with pin_memory=True (the Hugging Face Trainer's default) in fake mode: the batches
+    stay fake host tensors and the step on the device is counted as in a real run."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def train():
+        torch.manual_seed(0)
+        model = nn.Linear(16, 4).to("neuron")
+        loader = DataLoader(TensorDataset(torch.randn(8, 16)), batch_size=4, pin_memory=True)
+        for (x,) in loader:
+            model(x.to("neuron", non_blocking=True)).sum().backward()
+            projection.mark_step(samples=4)
+
+    with projection.count() as real:
+        train()
+    with projection.count(fake=True) as fake:
+        train()
+    assert len(real.steps) == len(fake.steps) == 2
+    assert _model_work(real.steps) == _model_work(fake.steps)
+    assert any(op.cls == "matmul" for op in fake.steps[-1].ops)
+
+
 def test_matmul_flops_come_from_pytorch_formulas():
     a, b = torch.randn(8, 16, device="neuron"), torch.randn(16, 4, device="neuron")
     with projection.count() as p:

@@ -88,7 +88,8 @@ _COPY = {"copy_", "_to_copy", "clone", "contiguous", "cat", "stack", "_copy_from
 _FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "alias",
          "lift_fresh", "_local_scalar_dense", "set_", "resize_", "is_same_size", "_unsafe_view",
          "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_has_compatible_shallow_copy_type",
-         "record_stream", "_assert_async", "_assert_tensor_metadata", "_functional_sym_constrain_range"}
+         "record_stream", "_assert_async", "_assert_tensor_metadata", "_functional_sym_constrain_range",
+         "_pin_memory", "is_pinned"}  # pinning is the host's work, no device kernel
 _COLLECTIVE_NAMES = {
     "allreduce_": "all_reduce", "all_reduce": "all_reduce", "all_reduce_": "all_reduce",
     "allgather_": "all_gather", "_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather",
@@ -482,6 +483,10 @@ class CountingMode(TorchDispatchMode):
                 # A value read back to Python (loss.item()) has no value without data; fake mode reads 1.
                 self.data_dependent_reads += 1
                 return 1 if not args[0].is_floating_point() else 1.0
+        if base == "_pin_memory" and _is_fake_or_meta(args[0]):
+            # Pinned host memory (a DataLoader's pin_memory=True, the Trainer's default) only speeds up
+            # copies; fake tensors have no pinned form, so the batch stays as it is.
+            return args[0]
         out = func(*args, **kwargs) if kwargs else func(*args)
         if free:
             return out
