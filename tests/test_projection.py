@@ -337,6 +337,27 @@ def test_cli_projects_an_example_script(tmp_path, capsys):
         assert sum(d for _, d in spans) == pytest.approx(rows[target]["step_s"] * 1e6, rel=1e-6)
 
 
+def test_cli_projects_a_hugging_face_trainer_script_in_fake_mode(tmp_path, capsys):
+    """examples/train_hf.py, unchanged: the Trainer picks the neuron device and pins its batches; in fake
+    mode its steps are counted (a Llama's matmuls, AdamW) without computing or allocating them."""
+    pytest.importorskip("transformers")
+    from torchneuron.cli import main
+
+    out = tmp_path / "hf.json"
+    before = torch.neuron.memory_allocated()
+    code = main(["project", "--fake", "--target", "trn1.32xlarge", "--compare", "p5.48xlarge", "--mode", "compiled",
+                 "--tokens-per-step", "1024", "--json", str(out), "examples/train_hf.py", "--max-steps", "3"])
+    assert code == 0
+    assert "device neuron:0" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    counted = data["counted_per_step"]
+    assert data["fake"] and not data["stopped"] and counted["steps"] >= 2 and counted["tokens"] == 1024
+    assert 20e9 < counted["flops"] < 23e9  # a real run of the script counts 21.394 GFLOP a step
+    rows = {r["target"]: r for r in data["targets"]}
+    assert rows["trn1.32xlarge"]["parallel"]["dp"] == 32 and rows["p5.48xlarge"]["parallel"]["dp"] == 8
+    assert torch.neuron.memory_allocated() - before < 2**20  # nothing the size of the model (35 MB of fp32)
+
+
 def test_watched_steps_carry_the_counts_of_the_step_they_repeat():
     with projection.count(full_steps=None) as every:
         _train("neuron", steps=4)

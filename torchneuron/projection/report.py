@@ -27,7 +27,8 @@ ASSUMPTIONS = [
     "Work is counted per ATen op on one device; FLOPs of matmul/conv/attention from torch.utils.flop_counter, "
     "elementwise = output elements, reductions = input elements; bytes = every tensor argument read and result written.",
     "Kernel time = max(FLOPs / (published peak x generation efficiency), bytes / (HBM bandwidth x efficiency)) "
-    "+ a fixed cost per op (eager) or per fused kernel (compiled: consecutive non-matmul ops fuse).",
+    "+ a fixed cost per op (eager) or per fused kernel (compiled: consecutive non-matmul ops fuse; fused: each "
+    "recorded group of 32 ops or more is one graph launch of compiled kernels, smaller groups run eager).",
     "Tensor/pipeline parallel split each kernel's time over tp*pp devices; pipeline bubble (pp-1)/microbatches; "
     "data-parallel gradients synchronised by a ring all-reduce not overlapped with compute; ZeRO-1 shards the optimizer.",
     "Collectives: ring bandwidth, 2(n-1)/n*bytes/bandwidth for all-reduce, plus a latency per hop of "
