@@ -155,3 +155,43 @@ def test_cpp_wrapper_training_neuron_backend():
     for p, q in zip(model.parameters(), ref.parameters()):
         assert p.grad.device.type == "neuron"
         torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL)
+
+
+STRICT_RUN = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import torchneuron
+from test_aoti import ConvAttention, _package
+torch.manual_seed(0)
+model = ConvAttention().eval()
+with torch.no_grad():
+    model.bn.running_mean.uniform_(-0.5, 0.5)
+    model.bn.running_var.uniform_(0.5, 2.0)
+x = torch.randn(2, 3, 8, 8)
+with torch.no_grad():
+    expected = model(x)
+model = model.to("neuron")
+loaded = _package(model, x.to("neuron"), sys.argv[2])
+for _ in range(3):  # the weights' first copy to the device, then runs from device memory
+    torch.testing.assert_close(loaded(x.to("neuron")).cpu(), expected, rtol=1e-4, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["TORCHNEURON_STRICT", "TORCHNEURON_ASYNC"])
+def test_packaged_model_in_strict_and_async_mode(tmp_path, mode):
+    """Each C++ kernel and C shim call of the model is a launch: in strict mode device memory is open
+    only while one runs, and asynchronous streams order it after earlier work; the ops the CPU's
+    kernels dispatch from inside (addmm's copy_ of its bias) run before the kernel goes on."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEURON_")}
+    env[mode] = "1"
+    here = str(pathlib.Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", STRICT_RUN, here, str(tmp_path / "m.pt2")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

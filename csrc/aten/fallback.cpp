@@ -10,6 +10,7 @@
 // tensors on the op's device without a copy.
 #include "arguments.h"
 #include "neuron.h"
+#include "../runtime/kernel_scope.h"
 
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -222,7 +223,7 @@ class Call {
 
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   if (fusedRecording() && recordOp(op, stack)) return;       // recorded into the fused group; results allocated
-  if (rt::asyncMode() && enqueueOp(op, stack)) return;  // queued on the stream; results allocated
+  if (rt::asyncMode() && !rt::insideKernel() && enqueueOp(op, stack)) return;  // queued; results allocated
   Call call(op);
   call.convertArguments(stack);
   {

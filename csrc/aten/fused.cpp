@@ -15,6 +15,7 @@
 // live only inside it. A group seen too seldom, not yet paying for its compile, or that does not
 // compile, runs op by op, exactly as the ops would have run.
 #include "fused.h"
+#include "../runtime/kernel_scope.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -527,7 +528,7 @@ void runGroup(State& st, Group& g, const char* reason) {
 }  // namespace
 
 bool fusedRecordsNext() {
-  if (running_group) return false;
+  if (running_group || rt::insideKernel()) return false;  // see kernel_scope.h
   if (skip_boundaries.load(std::memory_order_relaxed) > 0 && !pending.load(std::memory_order_acquire)) {
     bypassed.fetch_add(1, std::memory_order_relaxed);
     return false;

@@ -1,6 +1,7 @@
 // The basic kernels PyTorch needs from a device: allocation, views,
 // resizing, storage swaps, copies and reading a scalar back.
 #include "neuron.h"
+#include "../runtime/kernel_scope.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -121,7 +122,7 @@ at::Tensor& setEmpty(at::Tensor& self) {
 // with non_blocking=True too (the host synchronizes before it reads or reuses that memory, as
 // with CUDA). Copies from or to pageable memory, and copies between two devices, are the host's.
 bool queueCopy(const at::Tensor& self, const at::Tensor& dst, bool from_device, bool to_device, bool non_blocking) {
-  if (!rt::asyncMode()) return false;
+  if (!rt::asyncMode() || rt::insideKernel()) return false;  // see kernel_scope.h
   if (from_device && to_device) {  // overlapping copies within one storage: the CPU's checks, at the op
     return self.device() == dst.device() &&
            (!self.storage().is_alias_of(dst.storage()) ||

@@ -2,6 +2,9 @@
 #include "neuron.h"
 
 #include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
 
 #include <atomic>
 #include <mutex>
@@ -56,3 +59,26 @@ void checkRuntime(rt::Status status, c10::DeviceIndex device, const char* what) 
 }
 
 }  // namespace torchneuron
+
+// torchneuron::_launch_host_code(device, body, context): runs body(context), a C function of generated
+// host code that addresses device memory directly (a C++ kernel of an AOTInductor model or a
+// cpp_wrapper graph),
+// as one kernel of the device's current stream. Such code reaches this op through PyTorch's C shim
+// (aoti_torch_call_dispatcher), the only entry into this library it can count on, so the two
+// pointers travel as integers.
+namespace {
+constexpr char kHostCodeName[] = "inductor_host_code";
+
+void launchHostCode(int64_t device, int64_t body, int64_t context) {
+  TORCH_CHECK_VALUE(body != 0, "_launch_host_code: the body is a null function pointer");
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  torchneuron::checkDevice(index);
+  auto* fn = reinterpret_cast<void (*)(void*)>(static_cast<uintptr_t>(body));
+  auto* arg = reinterpret_cast<void*>(static_cast<uintptr_t>(context));
+  torchneuron::launch(index, {torchneuron::rt::ActivityKind::Kernel, kHostCodeName}, [&] { fn(arg); });
+}
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+  m.def("_launch_host_code(int device, int body, int context) -> ()", &launchHostCode);
+}

@@ -11,6 +11,7 @@
 // recorded on a stream is a marker in that queue, done when the stream's
 // completed count reaches it. Streams live as long as the process.
 #include "neuron_runtime.h"
+#include "kernel_scope.h"
 
 #include <pthread.h>
 
@@ -357,6 +358,16 @@ Status eventElapsedTime(float* ms, Event start, Event end) {
   return Status::Success;
 }
 
+namespace {
+thread_local int t_kernel_depth = 0;  // launchKernel bodies running on this thread
+struct KernelDepth {
+  KernelDepth() { ++t_kernel_depth; }
+  ~KernelDepth() { --t_kernel_depth; }
+};
+}  // namespace
+
+bool insideKernel() { return t_kernel_depth > 0; }
+
 Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
@@ -366,6 +377,7 @@ Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const Lau
     if (waited != Status::Success) return waited;
   }
   DeviceAccess access;  // strict mode: device memory is reachable while the kernel runs
+  KernelDepth depth;
   if (!activityRecording()) {
     fn(arg);
     return Status::Success;
@@ -389,7 +401,7 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
     return validDevice(device) ? Status::InvalidValue : Status::InvalidDevice;
   }
   handOverHeldWork(info.name);
-  if (!asyncMode()) {
+  if (!asyncMode() || insideKernel()) {  // see kernel_scope.h
     struct Dropping {
       KernelDrop drop;
       void* arg;

@@ -232,6 +232,51 @@ class NeuronCppWrapper(CppWrapperCpu):
             """
         )
 
+    # ---- each C++ kernel as one launch on the device ------------------------------------------
+
+    def write_header(self) -> None:  # noqa: D102
+        super().write_header()
+        # A kernel call is a lambda; torchneuron's _launch_host_code op runs it as a kernel of the
+        # device's current stream (after earlier work, with device memory open in strict mode).
+        self.header.splice(
+            """
+            template <class Body>
+            static void neuron_launch_host_code(int64_t device, Body& body) {
+                void (*trampoline)(void*) = [](void* p) { (*static_cast<Body*>(p))(); };
+                StableIValue stack[3];
+                int64_t args[3] = {device, static_cast<int64_t>(reinterpret_cast<uintptr_t>(trampoline)),
+                                   static_cast<int64_t>(reinterpret_cast<uintptr_t>(&body))};
+                std::memcpy(stack, args, sizeof(args));
+                AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_call_dispatcher("torchneuron::_launch_host_code", "", stack));
+            }
+            """
+        )
+
+    def wrap_kernel_call(self, name, call_args):  # noqa: D102
+        # Each of Inductor's C++ kernels is one launch (extern ops launch by themselves through the
+        # dispatcher): it runs after the stream's earlier work, asynchronous ops included, and in
+        # strict mode with device memory open only while it runs.
+        call = super().wrap_kernel_call(name, call_args)
+        return f"{{ auto neuron_kernel = [&]() {{ {call} }}; neuron_launch_host_code({self._neuron_device_expr()}, neuron_kernel); }}"
+
+    def generate_c_shim_extern_kernel_call(self, kernel, args, device, **kwargs) -> None:  # noqa: D102
+        # The CPU's C shim runs the CPU's kernel directly over device memory: one launch, like a
+        # C++ kernel of the graph.
+        if device != DEVICE:
+            return super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+        body: list = []
+        self.writelines = body.extend  # the call's lines, caught to be written inside the launch
+        try:
+            super().generate_c_shim_extern_kernel_call(kernel, args, device, **kwargs)
+        finally:
+            del self.writelines
+        self.writelines(["{ auto neuron_kernel = [&]() {", *body,
+                         f"}}; neuron_launch_host_code({self._neuron_device_expr()}, neuron_kernel); }}"])
+
+    @staticmethod
+    def _neuron_device_expr() -> str:
+        return "device_idx_" if V.graph.aot_mode else str(_graph_device_index())
+
     # ---- cpp_wrapper=True (the wrapper loaded as a Python extension) --------------------------
 
     def _generate_end_jit(self, result) -> None:  # noqa: D102
