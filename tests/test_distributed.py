@@ -83,7 +83,7 @@ def healthy_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def failing_run():
-    return _launch(["failures"])
+    return _launch(["failures"], env={"TORCH_FR_BUFFER_SIZE": "64"})
 
 
 def test_collectives_match_gloo_on_cpu(healthy_run):
@@ -104,6 +104,26 @@ def test_a_rank_that_hangs_makes_the_other_time_out_clearly(failing_run):
     assert "HANG FAILED AS EXPECTED" in out, f"rank 0 exited with {code}; output:\n{out}"
     assert "neuron backend: all_reduce failed on rank 0 of 2" in out and "Timed out" in out, out
     assert "process group's timeout" in out, out
+
+
+def test_the_flight_recorder_names_the_collective_a_rank_never_joined(failing_run):
+    import re
+
+    last = {}
+    for rank, (_, out) in enumerate(failing_run):
+        m = re.search(rf"FLIGHT RECORDER rank {rank} last (\S+) seq=(\d+) pg=(\d+)", out)
+        assert m, f"rank {rank}:\n{out}"
+        last[rank] = (m.group(1), int(m.group(2)), m.group(3))
+    # Rank 0's newest record is the all_reduce it waited for, one past the last one rank 1 joined.
+    assert last[0][0] == "gloo:all_reduce" and last[0][2] == last[1][2] and last[0][1] == last[1][1] + 1, last
+
+
+def test_destroy_process_group_after_failures_does_not_hang(failing_run):
+    import re
+
+    code, out = failing_run[0]
+    m = re.search(r"DESTROYED in ([0-9.]+)s", out)
+    assert code == 0 and m and float(m.group(1)) < 5, out
 
 
 def test_a_rank_that_dies_makes_the_other_fail_clearly(failing_run):
@@ -615,6 +635,7 @@ def _scenario_failures() -> None:
     dist.all_reduce(t)
 
     if rank == 1:
+        print(f"FLIGHT RECORDER rank 1 last {_last_flight_record()}", flush=True)
         time.sleep(5)  # alive, but never joins rank 0's next all_reduce ...
         os._exit(3)  # ... and then dies without a word
     start = time.monotonic()
@@ -626,6 +647,8 @@ def _scenario_failures() -> None:
         elapsed = time.monotonic() - start
         assert 2.5 < elapsed < 6, f"failed after {elapsed:.1f}s with a 3s timeout"
         print(f"HANG FAILED AS EXPECTED after {elapsed:.2f}s: {e}", flush=True)
+    # PyTorch's Flight Recorder (TORCH_FR_BUFFER_SIZE) holds the collective rank 1 never joined.
+    print(f"FLIGHT RECORDER rank 0 last {_last_flight_record()}", flush=True)
 
     time.sleep(3.5)  # rank 1 is gone by now
     start = time.monotonic()
@@ -649,7 +672,21 @@ def _scenario_failures() -> None:
             assert "neuron backend: all_reduce failed on rank 0 of 2" in str(e), e
     assert work.is_completed() and not work.is_success()
     print("ASYNC FAILED AS EXPECTED", flush=True)
+    start = time.monotonic()
+    dist.destroy_process_group()
+    print(f"DESTROYED in {time.monotonic() - start:.2f}s", flush=True)
     os._exit(0)
+
+
+def _last_flight_record() -> str:
+    """The newest entry of PyTorch's Flight Recorder on this rank, as 'name seq=N state'."""
+    import pickle
+
+    import torch
+
+    entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace()).get("entries", [])
+    last = max(entries, key=lambda e: e["record_id"]) if entries else None
+    return "none" if last is None else f"{last['profiling_name']} seq={last['collective_seq_id']} pg={last['pg_id']}"
 
 
 def _scenario_device_check() -> None:
