@@ -99,20 +99,33 @@ def create_backend(options: _DistributedBackendOptions, pg_options: Any = None) 
         logger.info("neuron backend: rank %d of %d on neuron:%s", options.group_rank, options.group_size,
                     torch.neuron.current_device() if device is None else device)
     timeout: timedelta = options.timeout
+    store = _store_of_this_attempt(options.store)
     if isinstance(pg_options, ProcessGroupGloo._Options) and len(pg_options._devices) > 0:
         pg_options._timeout = timeout
-        backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size, pg_options)
+        backend = ProcessGroupGloo(store, options.group_rank, options.group_size, pg_options)
     else:
         if pg_options is not None and not isinstance(pg_options, ProcessGroupGloo._Options):
             logger.warning("neuron backend: ignoring pg_options of type %s", type(pg_options).__name__)
         # Network interfaces as for gloo: GLOO_SOCKET_IFNAME, else the host name's address.
-        backend = ProcessGroupGloo(options.store, options.group_rank, options.group_size, timeout)
+        backend = ProcessGroupGloo(store, options.group_rank, options.group_size, timeout)
     # The default group's ranks are given as [] ("all"); gloo maps split ranks through this list, and
     # only its first instance in a process falls back to 0..size-1 when it is empty.
     backend.options.global_ranks_in_group = ranks or list(range(options.group_size))
     backend.options.group_name = options.group_id
     backend._set_sequence_number_for_group()
     return backend
+
+
+def _store_of_this_attempt(store: dist.Store) -> dist.Store:
+    """The group's store, under a prefix of torchrun's restart count.
+
+    torchrun (``--max-restarts``) restarts the workers with the same agent store: its keys from the
+    failed attempt are still there, and gloo's connection setup then reads the addresses the dead
+    ranks published, is refused, and fails the restart (plain gloo on CPU tensors does the same).
+    Each attempt's keys under their own prefix leave the old ones unread.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return store if attempt is None else dist.PrefixStore(f"torchneuron/attempt{attempt}", store)
 
 
 _copied_devices: dict[int, list] = {}
