@@ -255,7 +255,9 @@ def test_holistic_trace_analysis_reads_the_trace(tmp_path):
     # The device's time splits into compute, copies and idle (the host's time between launches).
     assert row["idle_time_pctg"] + row["compute_time_pctg"] + row["non_compute_time_pctg"] == pytest.approx(100, abs=0.5)
     assert row["compute_time(us)"] > row["non_compute_time(us)"]  # the step computes more than it copies
-    kernel_types, kernels = analysis.get_gpu_kernel_breakdown(visualize=False)
+    # Every kernel, not HTA's default top 10 making up 80% of the time: which ones those are depends on
+    # the host's speed (a loaded machine stretches some kernels more than others).
+    kernel_types, kernels = analysis.get_gpu_kernel_breakdown(visualize=False, duration_ratio=1.0, num_kernels=100000)
     assert "COMPUTATION" in set(kernel_types["kernel_type"])
     names = set(kernels["name"])
     assert "mm" in names or "addmm" in names, names
