@@ -1,0 +1,291 @@
+"""NKI-style kernels on the emulated NeuronCore (torchneuron.nki): AWS's tutorial kernels against
+PyTorch, the chip's limits with the kernel's line in the error, cost estimates, custom ops."""
+
+import math
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+from torchneuron.nki import nki_op
+
+
+@nki.jit
+def tensor_add(a_input, b_input):
+    """The tensor-addition tutorial: [128, 512] tiles, DMA in, VectorE add, DMA out (current NKI style)."""
+    c_output = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+    M, N = a_input.shape
+    for m in nl.affine_range(M // 128):
+        for n in nl.affine_range(N // 512):
+            a_tile = nl.ndarray((128, 512), dtype=a_input.dtype, buffer=nl.sbuf)
+            b_tile = nl.ndarray((128, 512), dtype=b_input.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=a_tile, src=a_input[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512])
+            nisa.dma_copy(dst=b_tile, src=b_input[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512])
+            c_tile = nl.ndarray((128, 512), dtype=a_input.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=c_tile, data1=a_tile, data2=b_tile, op=nl.add)
+            nisa.dma_copy(dst=c_output[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512], src=c_tile)
+    return c_output
+
+
+@nki.jit
+def tensor_add_grid(a_input, b_input):
+    """The same on a grid of programs, one [128, 512] tile each (the earlier NKI style)."""
+    c_output = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+    i, j = nl.program_id(0), nl.program_id(1)
+    ix, iy = nl.mgrid[0:128, 0:512]
+    a = nl.load(a_input[i * 128 + ix, j * 512 + iy])
+    b = nl.load(b_input[i * 128 + ix, j * 512 + iy])
+    nl.store(c_output[i * 128 + ix, j * 512 + iy], value=a + b)
+    return c_output
+
+
+@nki.jit
+def matmul_basic(lhsT, rhs):
+    result = nl.ndarray((lhsT.shape[1], rhs.shape[1]), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    lhs_tile = nl.ndarray(lhsT.shape, dtype=lhsT.dtype, buffer=nl.sbuf)
+    rhs_tile = nl.ndarray(rhs.shape, dtype=rhs.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=lhs_tile, src=lhsT)
+    nisa.dma_copy(dst=rhs_tile, src=rhs)
+    result_psum = nl.ndarray(result.shape, dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(result_psum, lhs_tile, rhs_tile)
+    result_sbuf = nl.ndarray(result_psum.shape, dtype=result.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=result_sbuf, src=result_psum)
+    nisa.dma_copy(dst=result, src=result_sbuf)
+    return result
+
+
+@nki.jit
+def matmul_tiled(lhsT, rhs):
+    K, M = lhsT.shape
+    _, N = rhs.shape
+    TM, TK, TN = nl.tile_size.gemm_stationary_fmax, nl.tile_size.pmax, nl.tile_size.gemm_moving_fmax
+    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(M // TM):
+        for n in nl.affine_range(N // TN):
+            res_psum = nl.ndarray((TM, TN), nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // TK):
+                lhsT_tile = nl.ndarray((TK, TM), dtype=lhsT.dtype, buffer=nl.sbuf)
+                rhs_tile = nl.ndarray((TK, TN), dtype=rhs.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=lhsT_tile, src=lhsT[k * TK:(k + 1) * TK, m * TM:(m + 1) * TM])
+                nisa.dma_copy(dst=rhs_tile, src=rhs[k * TK:(k + 1) * TK, n * TN:(n + 1) * TN])
+                nisa.nc_matmul(dst=res_psum, stationary=lhsT_tile, moving=rhs_tile)
+            res_sb = nl.ndarray(res_psum.shape, dtype=result.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=res_sb, src=res_psum)
+            nisa.dma_copy(dst=result[m * TM:(m + 1) * TM, n * TN:(n + 1) * TN], src=res_sb)
+    return result
+
+
+@nki.jit
+def rmsnorm(a_tensor, g_tensor):
+    """The RMSNorm tutorial: rows in tiles of 128 partitions, the last one masked."""
+    out_tensor = nl.ndarray(a_tensor.shape, dtype=a_tensor.dtype, buffer=nl.shared_hbm)
+    ix = nl.arange(128)[:, None]
+    iw = nl.arange(1)[:, None]
+    iy = nl.arange(a_tensor.shape[1])[None, :]
+    num_rows = a_tensor.shape[0]
+    g_tile = nl.load(g_tensor.reshape((1, g_tensor.shape[0]))[iw, iy])
+    for i in nl.affine_range(math.ceil(num_rows / 128)):
+        a_tile = nl.load(a_tensor[i * 128 + ix, iy], mask=(i * 128 + ix < num_rows))
+        square_sum = nl.sum(nl.square(a_tile), axis=[1])
+        rms_reciprocal = nl.rsqrt(square_sum / a_tensor.shape[1])
+        out_tile = nl.multiply(a_tile, rms_reciprocal)
+        g_bcast = g_tile.broadcast_to((128, g_tensor.shape[0]))
+        out_tile[...] = nl.multiply(out_tile, g_bcast, mask=(i * 128 + ix < num_rows))
+        nl.store(out_tensor[i * 128 + ix, iy], value=out_tile, mask=(i * 128 + ix < num_rows))
+    return out_tensor
+
+
+@nki.jit
+def softmax(x):
+    """Row softmax of a [128 * k, N] tensor, max-subtracted, on VectorE and ScalarE."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(x.shape[0] // 128):
+        t = nl.load(x[i * 128:(i + 1) * 128, :])
+        m = nl.max(t, axis=1, keepdims=True)
+        e = nisa.activation(op=nl.exp, data=t, bias=-m)
+        s = nisa.tensor_reduce(nl.add, e, axis=1, keepdims=True)
+        nl.store(out[i * 128:(i + 1) * 128, :], value=nisa.tensor_scalar(e, nl.divide, s))
+    return out
+
+
+@nki.jit
+def layernorm(x, gamma, beta, eps: float = 1e-5):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    n = x.shape[1]
+    g = nl.load(gamma.reshape((1, n))).broadcast_to((128, n))
+    b = nl.load(beta.reshape((1, n))).broadcast_to((128, n))
+    for i in nl.affine_range(x.shape[0] // 128):
+        t = nl.load(x[i * 128:(i + 1) * 128, :])
+        mean = nl.mean(t, axis=1, keepdims=True)
+        centered = nl.subtract(t, mean)
+        var = nl.mean(nl.square(centered), axis=1, keepdims=True)
+        y = nl.multiply(centered, nl.rsqrt(var + eps))
+        nl.store(out[i * 128:(i + 1) * 128, :], value=y * g + b)
+    return out
+
+
+def _close(got, want, **tol):
+    torch.testing.assert_close(got.cpu(), want.cpu(), **tol)
+
+
+def test_tensor_add_both_styles_equal_torch():
+    a, b = torch.randn(256, 1024, device="neuron"), torch.randn(256, 1024, device="neuron")
+    _close(tensor_add(a, b), a + b, rtol=0, atol=0)
+    _close(tensor_add_grid[2, 2](a, b), a + b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matmul_basic_and_tiled_equal_torch(dtype):
+    lhsT, rhs = torch.randn(128, 64, device="neuron", dtype=dtype), torch.randn(128, 512, device="neuron", dtype=dtype)
+    want = (lhsT.float().t() @ rhs.float()).to(dtype)
+    _close(matmul_basic(lhsT, rhs), want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2)
+    lhsT, rhs = torch.randn(256, 256, device="neuron", dtype=dtype), torch.randn(256, 1024, device="neuron", dtype=dtype)
+    want = (lhsT.float().t() @ rhs.float()).to(dtype)
+    _close(matmul_tiled(lhsT, rhs), want, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+           atol=5e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+def test_rmsnorm_softmax_layernorm_equal_torch():
+    a, g = torch.randn(300, 256, device="neuron"), torch.randn(256, device="neuron")  # 300 rows: a masked tile
+    want = a * torch.rsqrt(a.square().mean(1, keepdim=True)) * g
+    _close(rmsnorm(a, g), want, rtol=1e-5, atol=1e-5)
+    x = torch.randn(256, 384, device="neuron")
+    _close(softmax(x), torch.softmax(x, 1), rtol=1e-5, atol=1e-6)
+    gamma, beta = torch.randn(384, device="neuron"), torch.randn(384, device="neuron")
+    _close(layernorm(x, gamma, beta), torch.nn.functional.layer_norm(x, (384,), gamma, beta), rtol=1e-4, atol=1e-4)
+
+
+def _kernel_error(kernel, *args, kind):
+    with pytest.raises(kind) as e:
+        kernel(*args)
+    msg = str(e.value)
+    assert __file__ in msg, msg  # the kernel's own line
+    return msg
+
+
+def test_the_chips_limits_raise_at_the_kernels_line():
+    x = torch.randn(256, 512, device="neuron")
+
+    @nki.jit
+    def too_many_partitions(t):
+        return nl.load(t)  # 256 partitions
+
+    assert "at most 128 partitions" in _kernel_error(too_many_partitions, x, kind=ValueError)
+
+    @nki.jit
+    def sbuf_overflow(t):
+        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(4)]  # 4 x 64 KiB per partition
+        return keep
+
+    assert "SBUF is full" in _kernel_error(sbuf_overflow, x, kind=MemoryError)
+    # trn1's partitions hold 192 KiB: 3 such tiles fit, as they do on trn2 (224 KiB) and trn3 (256 KiB).
+
+    @nki.jit
+    def psum_banks(t):
+        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]  # a bank each, 8 banks
+        return keep
+
+    assert "PSUM is full" in _kernel_error(psum_banks, x, kind=MemoryError)
+
+    @nki.jit
+    def wide_moving(t):
+        a = nl.load(t[0:128, 0:128])
+        b = nl.load(t[0:128, 0:512])
+        wide = nl.ndarray((128, 1024), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=wide[:, 0:512], src=b)
+        nisa.tensor_copy(dst=wide[:, 512:1024], src=b)
+        return nisa.nc_matmul(a, wide)
+
+    assert "at most 512" in _kernel_error(wide_moving, x, kind=ValueError)
+
+    @nki.jit
+    def uninitialized(t):
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        tile = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile[:, 0:256], src=t[0:128, 0:256])  # half of it
+        total = nl.sum(nl.exp(tile), axis=1, keepdims=True)  # every row sums garbage ...
+        nl.store(out[:, 0:1], value=total)  # ... and storing it is the error
+        return out
+
+    assert "never written" in _kernel_error(uninitialized, x, kind=RuntimeError)
+
+    @nki.jit
+    def bf16_psum(t):
+        return nl.ndarray((128, 512), nl.bfloat16, buffer=nl.psum)
+
+    assert "PSUM holds float32" in _kernel_error(bf16_psum, x, kind=TypeError)
+
+    @nki.jit
+    def partition_reduce(t):
+        return nl.sum(nl.load(t[0:128, :]), axis=0)
+
+    assert "partition axis" in _kernel_error(partition_reduce, x, kind=ValueError)
+    with pytest.raises(ValueError, match="neuron device"):
+        tensor_add(torch.randn(128, 512), torch.randn(128, 512))
+
+
+def test_capacity_follows_the_target_generation(monkeypatch):
+    x = torch.randn(128, 512, device="neuron")
+
+    @nki.jit
+    def three_and_a_half(t):  # 3.5 x 64 KiB = 224 KiB per partition: fits trn2 and trn3, not trn1
+        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(3)]
+        keep.append(nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf))
+        return None
+
+    for target, fits in (("trn1", False), ("trn2", True), ("trn3", True)):
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+        if fits:
+            three_and_a_half(x)
+        else:
+            with pytest.raises(MemoryError, match="SBUF is full"):
+                three_and_a_half(x)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn9")
+    with pytest.raises(ValueError, match="NEURON_PLATFORM_TARGET_OVERRIDE"):
+        three_and_a_half(x)
+
+
+def test_estimates_follow_the_engines_rates():
+    lhsT = torch.randn(1024, 1024, device="neuron", dtype=torch.bfloat16)
+    rhs = torch.randn(1024, 1024, device="neuron", dtype=torch.bfloat16)
+    est = {t: matmul_tiled.estimate(lhsT, rhs, target=t) for t in ("trn1", "trn2", "trn3")}
+    flops = 2 * 1024 ** 3
+    # TensorE time: 128 matmuls of 128x128x512 at 512 cycles each: 92 TFLOPS bf16 on trn1 (2.8 GHz), 79 on trn2.
+    assert flops / est["trn1"].engine_seconds["TensorE"] == pytest.approx(2 * 128 * 128 * 2.8e9, rel=1e-6)
+    assert flops / est["trn2"].engine_seconds["TensorE"] == pytest.approx(2 * 128 * 128 * 2.4e9, rel=1e-6)
+    # Each input tile is loaded once per output tile: 2 x 8 x 2 x (128x128 + 128x512) bf16 ... over HBM bandwidth.
+    moved = 8 * 2 * 8 * (128 * 128 + 128 * 512) * 2 + 1024 * 1024 * 2
+    assert est["trn1"].engine_seconds["DMA"] == pytest.approx(moved / (820e9 / 2), rel=1e-6)
+    # DMA-bound everywhere: a NeuronCore's share of HBM is 410 GB/s on trn1, 375 on trn2, 588 on trn3.
+    assert all(e.bound == "DMA" for e in est.values())
+    assert est["trn3"].seconds < est["trn1"].seconds < est["trn2"].seconds
+    fp32 = matmul_tiled.estimate(lhsT.float(), rhs.float(), target="trn2")
+    assert fp32.engine_seconds["TensorE"] == pytest.approx(4 * est["trn2"].engine_seconds["TensorE"])
+    assert "PROJECTION" in str(est["trn2"])
+
+
+def test_nki_op_is_a_custom_op_in_eager_compile_and_autograd():
+    @nki_op("nkitest::rmsnorm", mutates_args=())
+    def rms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return rmsnorm(a, g)
+
+    a, g = torch.randn(200, 128, device="neuron"), torch.randn(128, device="neuron")
+    want = a * torch.rsqrt(a.square().mean(1, keepdim=True)) * g
+    _close(rms(a, g), want, rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(rms, (a, g))
+    compiled = torch.compile(lambda a, g: rms(a, g) * 2, fullgraph=True, backend="neuron")
+    _close(compiled(a, g), want * 2, rtol=1e-5, atol=1e-5)
+
+    @nki_op("nkitest::add", mutates_args=())
+    def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return tensor_add(a, b)
+
+    add.register_autograd(lambda ctx, grad: (grad, grad))
+    x = torch.randn(128, 512, device="neuron", requires_grad=True)
+    y = torch.randn(128, 512, device="neuron", requires_grad=True)
+    add(x, y).sum().backward()
+    _close(x.grad, torch.ones_like(x), rtol=0, atol=0)
+    torch.library.opcheck(add, (x.detach(), y.detach()))

@@ -1,0 +1,202 @@
+"""NKI-style kernels on the emulated NeuronCore: ``@nki.jit``, the chip's limits, what a kernel costs.
+
+A kernel written for Trainium with AWS's NKI runs here with its imports changed::
+
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+    import torchneuron.nki.isa as nisa
+
+    @nki.jit
+    def add(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        for m in nl.affine_range(a.shape[0] // 128):
+            x = nl.load(a[m * 128:(m + 1) * 128, :])
+            y = nl.load(b[m * 128:(m + 1) * 128, :])
+            nl.store(out[m * 128:(m + 1) * 128, :], value=nl.add(x, y))
+        return out
+
+    c = add(a, b)                    # a, b: neuron tensors; c a neuron tensor
+    print(add.estimate(a, b))        # its cost on silicon, per engine, for the target generation
+
+Kernels run on the neuron device's memory, each instruction one vectorized operation over its
+tile. Tiles are checked against the target generation's limits (``NEURON_PLATFORM_TARGET_OVERRIDE``:
+trn1, trn2 (the default), trn3): at most 128 partitions, SBUF and PSUM capacity per partition and
+PSUM banks, matmul tile sizes, dtypes, and reads of elements never written. An error names the
+kernel's line. :func:`nki_op` registers a function that calls kernels as a PyTorch custom op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import os
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from . import _hardware
+from . import isa  # noqa: F401
+from . import language  # noqa: F401
+from ._core import _RUN, HbmTensor, KernelRun, Tile, TileView
+
+__all__ = ["jit", "nki_op", "Kernel", "Estimate", "language", "isa"]
+
+
+@dataclasses.dataclass
+class Estimate:
+    """A kernel's projected time on one NeuronCore of ``target`` (a projection, not a measurement)."""
+
+    target: str
+    engine_seconds: Dict[str, float]
+    instructions: int
+    sbuf_peak_bytes_per_partition: int
+    psum_peak_bytes_per_partition: int
+
+    @property
+    def seconds(self) -> float:
+        """Time with the engines overlapped perfectly: the busiest engine's time."""
+        return max(self.engine_seconds.values(), default=0.0)
+
+    @property
+    def serial_seconds(self) -> float:
+        """Time with no overlap between engines."""
+        return sum(self.engine_seconds.values())
+
+    @property
+    def bound(self) -> str:
+        return max(self.engine_seconds, key=self.engine_seconds.get) if self.engine_seconds else "-"
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in sorted(self.engine_seconds.items(), key=lambda kv: -kv[1]))
+        return (f"PROJECTION (not a measurement) on one {self.target} NeuronCore: {self.seconds * 1e6:.2f} us, "
+                f"{self.bound}-bound ({parts}; {self.serial_seconds * 1e6:.2f} us with no overlap); "
+                f"{self.instructions} instructions; SBUF peak {self.sbuf_peak_bytes_per_partition} B/partition, "
+                f"PSUM peak {self.psum_peak_bytes_per_partition} B/partition")
+
+
+class Kernel:
+    """A function decorated with ``@nki.jit``; ``kernel[grid](...)`` launches a grid of programs."""
+
+    def __init__(self, fn: Callable, grid: Tuple[int, ...] = ()):
+        self.fn, self.grid = fn, grid
+        functools.update_wrapper(self, fn)
+        self.last_estimate: Optional[Estimate] = None
+
+    def __getitem__(self, grid) -> "Kernel":
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        if not grid or any(int(g) < 1 for g in grid):
+            raise ValueError(f"{self.fn.__name__}[{grid}]: a grid is one or more positive sizes")
+        k = Kernel(self.fn, tuple(int(g) for g in grid))
+        return k
+
+    def __call__(self, *args, **kwargs):
+        result, estimate = self._run(args, kwargs)
+        self.last_estimate = estimate
+        return result
+
+    def estimate(self, *args, target: Optional[str] = None, **kwargs) -> Estimate:
+        """Run the kernel and return what it would cost on ``target`` (default: the current target)."""
+        old = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+        if target is not None:
+            os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = target
+        try:
+            _, estimate = self._run(args, kwargs)
+        finally:
+            if target is not None:
+                if old is None:
+                    os.environ.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
+                else:
+                    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = old
+        return estimate
+
+    def _run(self, args, kwargs):
+        device = None
+        for a in itertools.chain(args, kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "neuron":
+                    raise ValueError(f"{self.fn.__name__}: NKI kernels take tensors on the neuron device, got one on "
+                                     f"{a.device} (move it with .to('neuron'))")
+                if device is not None and a.device != device:
+                    raise ValueError(f"{self.fn.__name__}: tensors on {device} and {a.device}; a kernel runs on one device")
+                device = a.device
+        if device is None:
+            device = torch.device("neuron", torch.neuron.current_device())
+        wrap = lambda a: HbmTensor(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
+        wargs = [wrap(a) for a in args]
+        wkwargs = {k: wrap(v) for k, v in kwargs.items()}
+        programs = list(itertools.product(*(range(g) for g in self.grid))) if self.grid else [()]
+        shared: list = []
+        totals: Dict[str, float] = {}
+        count = sbuf_peak = psum_peak = 0
+        result = None
+        gen = _hardware.current()
+        for program in programs:
+            r = KernelRun(device, self.grid, program)
+            r.shared_hbm = shared
+            token = _RUN.set(r)
+            try:
+                result = self.fn(*wargs, **wkwargs)
+            finally:
+                _RUN.reset(token)
+            for k, v in r.engine_seconds().items():
+                totals[k] = totals.get(k, 0.0) + v
+            count += len(r.instructions)
+            sbuf_peak, psum_peak = max(sbuf_peak, r.sbuf_peak), max(psum_peak, r.psum_peak)
+        return _unwrap(result, self.fn.__name__), Estimate(gen.name, totals, count, sbuf_peak, psum_peak)
+
+
+def _unwrap(x, name: str):
+    if isinstance(x, HbmTensor):
+        return x.tensor
+    if isinstance(x, (tuple, list)):
+        return type(x)(_unwrap(v, name) for v in x)
+    if isinstance(x, (Tile, TileView)):
+        raise TypeError(f"{name}: a kernel returns tensors in HBM (nl.ndarray(..., buffer=nl.shared_hbm)), "
+                        f"not an on-chip tile")
+    return x
+
+
+def jit(fn: Optional[Callable] = None, **options) -> Any:
+    """``@nki.jit``: make ``fn`` a kernel called with neuron tensors."""
+    if fn is None:
+        return lambda f: Kernel(f)
+    return Kernel(fn)
+
+
+def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str] = None) -> Callable:
+    """Register a function that calls NKI kernels as the PyTorch custom op ``name`` ("ns::op").
+
+    The function's annotations give the op's schema (as with ``torch.library.custom_op``). The op's
+    neuron kernel runs the function; its fake kernel runs it on fake tensors, which finds the
+    outputs' shapes without doing the kernels' data work. It works in eager mode, under
+    ``torch.compile`` as one graph node, and with ``op.register_autograd``.
+    """
+    def register(fn: Callable):
+        op = torch.library.custom_op(name, fn, mutates_args=tuple(mutates_args), device_types="neuron", schema=schema)
+        op.register_fake(fn)
+        return op
+
+    return register
+
+
+def _shared_hbm_hook():  # a grid's programs share the outputs they allocate in nl.shared_hbm
+    orig = language.ndarray
+
+    @functools.wraps(orig)
+    def ndarray(shape, dtype, buffer=language.sbuf, name=""):
+        r = _RUN.get()
+        if r is not None and buffer is language.shared_hbm and r.grid:
+            slot = getattr(r, "_shared_slot", 0)
+            r._shared_slot = slot + 1
+            if slot < len(r.shared_hbm):
+                return r.shared_hbm[slot]
+            t = orig(shape, dtype, buffer, name)
+            r.shared_hbm.append(t)
+            return t
+        return orig(shape, dtype, buffer, name)
+
+    language.ndarray = ndarray
+
+
+_shared_hbm_hook()

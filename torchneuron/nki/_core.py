@@ -1,0 +1,512 @@
+"""Tiles, HBM tensors and the kernel being run: what every NKI instruction works on.
+
+A tile lives in SBUF or PSUM: a tensor of device memory whose first axis is the partition axis
+(at most 128), with a mask of the elements written so far (reading one never written is an
+error, as it is garbage on silicon). Each kernel call has a :class:`KernelRun` that charges the
+tiles alive against the target generation's SBUF and PSUM capacity, and adds up what each
+instruction would cost on the NeuronCore's engines.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import math
+import os
+import sys
+import weakref
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _hardware as hw
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Buffer:
+    """A memory of the NeuronCore: ``nl.sbuf``, ``nl.psum``, ``nl.hbm``/``nl.shared_hbm``/``nl.private_hbm``."""
+
+    def __init__(self, name: str, on_chip: bool):
+        self.name, self.on_chip = name, on_chip
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf", True)
+psum = Buffer("psum", True)
+hbm = Buffer("hbm", False)
+shared_hbm = Buffer("shared_hbm", False)
+private_hbm = Buffer("private_hbm", False)
+
+
+def kernel_line() -> str:
+    """'file:line' of the innermost frame outside this package: the kernel's line that is running."""
+    frame = sys._getframe(1)
+    while frame is not None and _inside(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_INSIDE: Dict[str, bool] = {}
+
+
+def _inside(filename: str) -> bool:
+    inside = _INSIDE.get(filename)
+    if inside is None:
+        inside = _INSIDE[filename] = os.path.dirname(os.path.abspath(filename)) == _HERE
+    return inside
+
+
+def fail(kind: type, message: str):
+    """Raise ``kind`` (ValueError, TypeError, RuntimeError, NotImplementedError) naming the kernel's line."""
+    raise kind(f"{message} (at {kernel_line()}, target {hw.current().name})")
+
+
+def _fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.is_meta
+
+
+# ---- the kernel being run -----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    engine: str
+    seconds: float
+    line: str
+
+
+class KernelRun:
+    """One call of a kernel: its device, grid position, live on-chip memory and instruction costs."""
+
+    def __init__(self, device: torch.device, grid: Tuple[int, ...] = (), program: Tuple[int, ...] = ()):
+        self.device, self.grid, self.program = device, grid, program
+        self.gen = hw.current()
+        self.sbuf_live = 0  # bytes per partition
+        self.psum_live = 0
+        self.psum_banks_live = 0
+        self.sbuf_peak = self.psum_peak = 0
+        self.instructions: List[Instruction] = []
+
+    def charge(self, name: str, engine: str, seconds: float) -> None:
+        self.instructions.append(Instruction(name, engine, seconds, kernel_line()))
+
+    def engine_seconds(self) -> Dict[str, float]:
+        out: Dict[str, float] = defaultdict(float)
+        for i in self.instructions:
+            out[i.engine] += i.seconds
+        return dict(out)
+
+
+_RUN: contextvars.ContextVar[Optional[KernelRun]] = contextvars.ContextVar("torchneuron_nki_run", default=None)
+
+
+def run() -> KernelRun:
+    r = _RUN.get()
+    if r is None:
+        fail(RuntimeError, "NKI instructions run inside a kernel: call a function decorated with @nki.jit")
+    return r
+
+
+# ---- tiles ----------------------------------------------------------------------------------------
+
+_ITEMSIZE: Dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+def _release(r: KernelRun, buffer: Buffer, per_partition: int, banks: int) -> None:
+    if buffer is sbuf:
+        r.sbuf_live -= per_partition
+    else:
+        r.psum_live -= per_partition
+        r.psum_banks_live -= banks
+
+
+class Tile:
+    """A tile of SBUF or PSUM: ``data`` (device memory, partition axis first) and what was written."""
+
+    def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
+        r = run()
+        shape = tuple(int(s) for s in shape)
+        if not shape:
+            fail(ValueError, "a tile needs at least one axis (the partition axis)")
+        if shape[0] > hw.PMAX:
+            fail(ValueError, f"a tile's partition axis (its first) holds at most {hw.PMAX} partitions; "
+                             f"got shape {shape} in {buffer!r}")
+        if buffer is psum and dtype not in (torch.float32, torch.int32):
+            fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
+        per_partition = math.prod(shape[1:]) * _itemsize(dtype)
+        banks = 0
+        if buffer is sbuf:
+            if r.sbuf_live + per_partition > r.gen.sbuf_partition_bytes:
+                fail(MemoryError, f"SBUF is full: a tile of shape {shape} ({dtype}) needs {per_partition} bytes per "
+                                  f"partition, {r.sbuf_live} of {r.gen.sbuf_partition_bytes} are in use")
+            r.sbuf_live += per_partition
+            r.sbuf_peak = max(r.sbuf_peak, r.sbuf_live)
+        elif buffer is psum:
+            banks = math.ceil(per_partition / hw.PSUM_BANK_BYTES)
+            if r.psum_banks_live + banks > r.gen.psum_banks:
+                fail(MemoryError, f"PSUM is full: a tile of shape {shape} needs {banks} of its {r.gen.psum_banks} banks "
+                                  f"({hw.PSUM_BANK_BYTES} bytes per partition each), {r.psum_banks_live} are in use")
+            r.psum_live += per_partition
+            r.psum_banks_live += banks
+            r.psum_peak = max(r.psum_peak, r.psum_live)
+        else:
+            fail(ValueError, f"a tile lives in nl.sbuf or nl.psum, not {buffer!r}")
+        self.shape, self.dtype, self.buffer = shape, dtype, buffer
+        self.data = torch.empty(shape, dtype=dtype, device=r.device) if data is None else data
+        # What was written: every element (``complete``), else the elements of ``mask`` (None: nothing yet).
+        # Whole-tile writes, the common case, never touch a mask.
+        self.complete = False
+        self.mask: Optional[torch.Tensor] = None
+        weakref.finalize(self, _release, r, buffer, per_partition, banks)
+
+    # A tile is its own whole view.
+    @property
+    def tile(self) -> "Tile":
+        return self
+
+    @property
+    def index(self):
+        return Ellipsis
+
+    def __getitem__(self, index) -> "TileView":
+        return TileView(self, _index(index))
+
+    def __setitem__(self, index, value) -> None:
+        idx = _index(index)
+        view = TileView(self, Ellipsis if idx == (Ellipsis,) else idx)
+        write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+
+    def broadcast_to(self, shape) -> "Tile":
+        """This tile repeated along axes of size 1 (partitions included), as a new SBUF tile."""
+        data = read(self, "broadcast_to")
+        try:
+            expanded = data.expand(tuple(shape))
+        except RuntimeError:
+            fail(ValueError, f"broadcast_to: a tile of shape {self.shape} cannot broadcast to {tuple(shape)}")
+        out = Tile(shape, self.dtype, sbuf)
+        d = defined(self)
+        write(out, expanded, "broadcast_to", valid=None if d is None else d.expand(tuple(shape)))
+        _nl().charge_vector("broadcast_to", out.shape, 1, out.dtype)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
+
+    # Arithmetic on tiles is nl's (VectorE/ScalarE instructions).
+    def __add__(self, o): return _nl().add(self, o)
+    def __radd__(self, o): return _nl().add(o, self)
+    def __sub__(self, o): return _nl().subtract(self, o)
+    def __rsub__(self, o): return _nl().subtract(o, self)
+    def __mul__(self, o): return _nl().multiply(self, o)
+    def __rmul__(self, o): return _nl().multiply(o, self)
+    def __truediv__(self, o): return _nl().divide(self, o)
+    def __rtruediv__(self, o): return _nl().divide(o, self)
+    def __neg__(self): return _nl().negative(self)
+
+
+class TileView:
+    """``tile[index]``: a part of a tile to read or write."""
+
+    def __init__(self, tile: Tile, index):
+        self.tile, self.index = tile, index
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self.tile.data[self.index].shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tile.dtype
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.tile.buffer
+
+    def __getitem__(self, index):
+        return TileView(self.tile, _compose(self.index, index, self.tile.data))
+
+    __add__, __radd__, __sub__, __rsub__ = Tile.__add__, Tile.__radd__, Tile.__sub__, Tile.__rsub__
+    __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (Tile.__mul__, Tile.__rmul__, Tile.__truediv__,
+                                                              Tile.__rtruediv__, Tile.__neg__)
+
+
+def _nl():
+    from . import language
+
+    return language
+
+
+def _index(index):
+    if not isinstance(index, tuple):
+        index = (index,)
+    out = []
+    for i in index:
+        if isinstance(i, IndexExpr):
+            i = i.tensor
+        out.append(i)
+    return tuple(out)
+
+
+def _compose(outer, inner, data: torch.Tensor):
+    if outer is Ellipsis:
+        return _index(inner)
+    # A view of a view: index the flat positions of the first view.
+    positions = torch.arange(data.numel(), device=data.device).reshape(data.shape)[outer][_index(inner)]
+    return ("flat", positions)
+
+
+def written_anywhere(view) -> bool:
+    """Whether any element of a tile view was written (nc_matmul: accumulate, or write first)."""
+    t = view.tile
+    if t.complete:
+        return True
+    if t.mask is None or _fake(t.mask):
+        return False
+    return bool(_get(t.mask, view.index).any())
+
+
+def read(x, what: str) -> torch.Tensor:
+    """The values of a tile, a view of one, or a scalar operand.
+
+    Elements never written are read as whatever the memory holds, as on the chip; :func:`defined`
+    says which they are, every instruction carries that to its result, and a store of one raises.
+    """
+    if isinstance(x, (Tile, TileView)):
+        return _get(x.tile.data, x.index)
+    if isinstance(x, (HbmTensor, HbmView)):
+        fail(TypeError, f"{what} takes an on-chip tile, not a tensor in HBM: load it first (nl.load or "
+                        f"nisa.dma_copy)")
+    if isinstance(x, (torch.Tensor, int, float, bool, torch.SymInt, torch.SymFloat)):
+        return x
+    fail(TypeError, f"{what}: expected a tile or a scalar, got {type(x).__name__}")
+
+
+def defined(x) -> Optional[torch.Tensor]:
+    """None when every element of the tile (view) ``x`` was written, else which were (a bool tensor)."""
+    if not isinstance(x, (Tile, TileView)):
+        return None
+    t = x.tile
+    if t.complete or _fake(t.data):
+        return None
+    shape = _get(t.data, x.index).shape
+    if t.mask is None:
+        return torch.zeros(shape, dtype=torch.bool, device=t.data.device)
+    m = _get(t.mask, x.index)
+    return None if bool(m.all()) else m
+
+
+def both(shape, *masks) -> Optional[torch.Tensor]:
+    """The elements of a result of ``shape`` whose inputs were all written (None: all of them)."""
+    masks = [m for m in masks if m is not None]
+    if not masks:
+        return None
+    out = None
+    for m in masks:
+        if m.dim() < len(shape):  # tiles align on the partition axis
+            m = m.reshape(tuple(m.shape) + (1,) * (len(shape) - m.dim()))
+        m = m.expand(shape)
+        out = m if out is None else out & m
+    return out
+
+
+def require_defined(x, what: str, where=None) -> None:
+    """Raise when ``x`` (restricted to ``where``) holds elements never written."""
+    d = defined(x)
+    if d is None:
+        return
+    if where is not None:
+        d = d | ~torch.as_tensor(where, device=d.device).expand(d.shape)
+    if not bool(d.all()):
+        fail(RuntimeError, f"{what} uses {x.tile!r} where it was never written ({int((~d).sum())} elements): on "
+                           f"the chip that is whatever the memory held (uninitialized tile)")
+
+
+def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.Tensor] = None) -> None:
+    """Write ``value`` (broadcast to the destination's shape, cast to its dtype) into a tile or a view."""
+    if not isinstance(dst, (Tile, TileView)):
+        fail(TypeError, f"{what}: the destination must be an SBUF/PSUM tile, got {type(dst).__name__}")
+    target_shape = _get(dst.tile.data, dst.index).shape
+    value = torch.as_tensor(value, device=dst.tile.data.device) if not isinstance(value, torch.Tensor) else value
+    try:
+        value = value.to(dst.tile.dtype).expand(target_shape) if value.shape != target_shape else value.to(dst.tile.dtype)
+    except RuntimeError:
+        fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
+                         f"{tuple(target_shape)}")
+    t = dst.tile
+    m = None
+    if mask is not None:
+        m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
+        value = torch.where(m, value, _get(t.data, dst.index))
+    if valid is not None and (_fake(valid) or bool(valid.all())):
+        valid = None
+    if valid is not None:  # results computed from elements never written are not written either
+        valid = valid.expand(target_shape)
+        if t.complete:
+            t.complete, t.mask = False, torch.ones(t.shape, dtype=torch.bool, device=t.data.device)
+        elif t.mask is None:
+            t.mask = torch.zeros(t.shape, dtype=torch.bool, device=t.data.device)
+        old = _get(t.mask, dst.index)
+        _set(t.mask, dst.index, torch.where(m, valid, old) if m is not None else valid)
+    elif not t.complete:
+        if dst.index is Ellipsis and mask is None:
+            t.complete, t.mask = True, None
+        else:
+            if t.mask is None:
+                t.mask = torch.zeros(t.shape, dtype=torch.bool, device=t.data.device)
+            _set(t.mask, dst.index, (_get(t.mask, dst.index) | m) if mask is not None else True)
+    _set(t.data, dst.index, value)
+
+
+def _get(t: torch.Tensor, index):
+    if index is Ellipsis:
+        return t
+    if isinstance(index, tuple) and index and isinstance(index[0], str):
+        return t.reshape(-1)[index[1]]
+    return t[index]
+
+
+def _set(t: torch.Tensor, index, value) -> None:
+    if index is Ellipsis:
+        t.copy_(value) if isinstance(value, torch.Tensor) else t.fill_(value)
+    elif isinstance(index, tuple) and index and isinstance(index[0], str):
+        t.view(-1)[index[1]] = value
+    else:
+        t[index] = value
+
+
+# ---- HBM -------------------------------------------------------------------------------------------
+
+class HbmTensor:
+    """A tensor in device memory (HBM): a kernel's argument or an ``nl.ndarray(..., buffer=nl.shared_hbm)``."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self.tensor.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    def __getitem__(self, index) -> "HbmView":
+        return HbmView(self, _index(index))
+
+    def reshape(self, shape) -> "HbmTensor":
+        return HbmTensor(self.tensor.reshape(tuple(shape)))
+
+    def __repr__(self) -> str:
+        return f"HbmTensor({list(self.shape)}, {self.dtype})"
+
+
+class HbmView:
+    def __init__(self, base: HbmTensor, index):
+        self.base, self.index = base, index
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self.base.tensor[self.index].shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.dtype
+
+
+def hbm_parts(x) -> Tuple[torch.Tensor, Any]:
+    if isinstance(x, HbmTensor):
+        return x.tensor, Ellipsis
+    if isinstance(x, HbmView):
+        return x.base.tensor, x.index
+    fail(TypeError, f"expected a tensor in HBM (a kernel argument or an nl.ndarray in nl.shared_hbm), "
+                    f"got {type(x).__name__}")
+
+
+class IndexExpr:
+    """``nl.arange(n)[:, None]`` and friends: integer index tensors that broadcast like NumPy's."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def __getitem__(self, index):
+        return IndexExpr(self.tensor[index])
+
+    def _bin(self, other, fn):
+        return IndexExpr(fn(self.tensor, other.tensor if isinstance(other, IndexExpr) else other))
+
+    def __add__(self, o): return self._bin(o, torch.add)
+    def __radd__(self, o): return self._bin(o, torch.add)
+    def __sub__(self, o): return self._bin(o, torch.sub)
+    def __rsub__(self, o): return IndexExpr(o - self.tensor)
+    def __mul__(self, o): return self._bin(o, torch.mul)
+    def __rmul__(self, o): return self._bin(o, torch.mul)
+    def __floordiv__(self, o): return IndexExpr(self.tensor // (o.tensor if isinstance(o, IndexExpr) else o))
+    def __mod__(self, o): return IndexExpr(self.tensor % (o.tensor if isinstance(o, IndexExpr) else o))
+    def __lt__(self, o): return self._bin(o, torch.lt)
+    def __le__(self, o): return self._bin(o, torch.le)
+    def __gt__(self, o): return self._bin(o, torch.gt)
+    def __ge__(self, o): return self._bin(o, torch.ge)
+    def __and__(self, o): return self._bin(o, torch.logical_and)
+    def __or__(self, o): return self._bin(o, torch.logical_or)
+
+    @property
+    def shape(self):
+        return tuple(self.tensor.shape)
+
+
+def masked_gather(tensor: torch.Tensor, index, mask) -> torch.Tensor:
+    """tensor[index] where only the elements under ``mask`` need be in range (others read as 0)."""
+    if mask is None:
+        return tensor if index is Ellipsis else tensor[index]
+    m = mask.tensor if isinstance(mask, IndexExpr) else mask
+    idx, shape = _broadcast_index(tensor, index)
+    if _fake(tensor):  # shapes only (a fake kernel): no data-dependent indexing
+        return tensor.new_empty(shape)
+    m = torch.as_tensor(m, device=tensor.device).expand(shape)
+    clamped = tuple(i.clamp(0, tensor.shape[d] - 1) for d, i in enumerate(idx))
+    return torch.where(m, tensor[clamped], torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+
+
+def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> None:
+    if _fake(tensor):  # shapes only: what a store writes does not change any shape
+        return
+    m = mask.tensor if isinstance(mask, IndexExpr) else mask
+    idx, shape = _broadcast_index(tensor, index)
+    m = torch.as_tensor(m, device=tensor.device).expand(shape)
+    data = data.expand(shape)
+    tensor[tuple(i[m] for i in idx)] = data[m]
+
+
+def _broadcast_index(tensor: torch.Tensor, index):
+    """Integer index tensors, one per axis of ``tensor``, broadcast together (slices made aranges)."""
+    index = (index,) if not isinstance(index, tuple) else index
+    if index == (Ellipsis,) or index is Ellipsis:
+        index = ()
+    parts = []
+    n_slices = sum(isinstance(i, slice) for i in index) + max(0, tensor.dim() - len(index))
+    k = 0
+    for d in range(tensor.dim()):
+        i = index[d] if d < len(index) else slice(None)
+        if isinstance(i, slice):
+            r = torch.arange(*i.indices(tensor.shape[d]), device=tensor.device)
+            view = [1] * n_slices
+            view[k] = -1
+            parts.append(r.reshape(view))
+            k += 1
+        else:
+            parts.append(torch.as_tensor(i, device=tensor.device))
+    shape = torch.broadcast_shapes(*(p.shape for p in parts))
+    return tuple(p.expand(shape) for p in parts), shape

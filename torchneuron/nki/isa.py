@@ -1,0 +1,273 @@
+"""``nki.isa`` (``nisa``): the NeuronCore's instructions, on the emulated device.
+
+Both of NKI's calling styles work: the current one names the destination tile first
+(``nisa.tensor_tensor(dst=c, data1=a, data2=b, op=nl.add)``), the earlier one returns a new tile
+(``c = nisa.tensor_tensor(a, b, op=nl.add)``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _hardware as hw
+from . import language as nl
+from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, psum, read, run, sbuf, write
+
+__all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
+           "tensor_copy", "iota", "dma_copy", "memset"]
+
+_TILE = (Tile, TileView)
+
+
+def _split_dst(args, kwargs, n_rest: int):
+    """(dst, remaining positional args): dst given by keyword, or first of n_rest + 1 positional tiles."""
+    if "dst" in kwargs:
+        return kwargs.pop("dst"), list(args)
+    if len(args) == n_rest + 1 and isinstance(args[0], _TILE):
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def _take(rest, kwargs, names):
+    out = []
+    for n in names:
+        if rest:
+            out.append(rest.pop(0))
+        elif n in kwargs:
+            out.append(kwargs.pop(n))
+        else:
+            out.append(None)
+    return out
+
+
+def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=None, valid=None):
+    if dst is None:
+        dst = Tile(value.shape, dtype if dtype is not None else value.dtype, buffer)
+    write(dst, value, what, mask, valid=valid)
+    return dst
+
+
+def _torch_op(op, what: str):
+    fn = nl.TORCH_OPS.get(op)
+    if fn is None:
+        if callable(op) and getattr(op, "__module__", "").startswith("torch"):
+            return op
+        fail(NotImplementedError, f"{what}: op {getattr(op, '__name__', op)!r} is not supported here")
+    return fn
+
+
+def nc_matmul(*args, **kwargs):
+    """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
+    (N <= 512), the result [M, N] in PSUM as float32. Into a PSUM ``dst`` it accumulates: the first
+    matmul into a region writes it, later ones add to it."""
+    dst, rest = _split_dst(args, kwargs, 2)
+    stationary, moving = _take(rest, kwargs, ["stationary", "moving"])
+    s, m = read(stationary, "nc_matmul (stationary)"), read(moving, "nc_matmul (moving)")
+    if s.dim() != 2 or m.dim() != 2:
+        fail(ValueError, f"nc_matmul takes 2-D tiles, got {tuple(s.shape)} and {tuple(m.shape)}")
+    k, mm = s.shape
+    k2, n = m.shape
+    if k != k2:
+        fail(ValueError, f"nc_matmul: the contraction (partition) axes differ: stationary {tuple(s.shape)}, "
+                         f"moving {tuple(m.shape)}")
+    if mm > hw.GEMM_STATIONARY_FMAX:
+        fail(ValueError, f"nc_matmul: the stationary operand's free axis is {mm}, at most "
+                         f"{hw.GEMM_STATIONARY_FMAX} (nl.tile_size.gemm_stationary_fmax)")
+    if n > hw.GEMM_MOVING_FMAX:
+        fail(ValueError, f"nc_matmul: the moving operand's free axis is {n}, at most {hw.GEMM_MOVING_FMAX} "
+                         f"(nl.tile_size.gemm_moving_fmax)")
+    for t, which in ((s, "stationary"), (m, "moving")):
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
+            fail(TypeError, f"nc_matmul: the {which} operand is {t.dtype}; TensorE takes float32, bfloat16, "
+                            f"float16 or float8 inputs")
+    if s.dtype.is_floating_point and m.dtype.is_floating_point and (s.element_size() == 4) != (m.element_size() == 4):
+        fail(TypeError, f"nc_matmul: float32 and {s.dtype if m.element_size() == 4 else m.dtype} operands mixed; "
+                        f"cast one first")
+    ds, dmv = defined(stationary), defined(moving)
+    valid = both((mm, n), None if ds is None else ds.all(0)[:, None], None if dmv is None else dmv.all(0)[None, :])
+    r = run()
+    factor = hw.FP32_MATMUL_FACTOR if s.element_size() == 4 else (1.0 / r.gen.fp8_speedup if s.element_size() == 1 else 1.0)
+    r.charge("nc_matmul", "TensorE", max(n, hw.MM_INIT_LATENCY_CYCLES) * factor / (r.gen.tensor_ghz * 1e9))
+    st, mv = (s, m) if s.dtype == m.dtype == torch.float32 else (s.float(), m.float())
+    fast = (dst is not None and valid is None and dst.index is Ellipsis and dst.buffer is psum
+            and tuple(dst.tile.shape) == (mm, n) and kwargs.get("accumulate") is None)
+    if fast:  # straight into the PSUM tile: the first matmul writes it, the next ones accumulate in place
+        if dst.tile.complete:
+            dst.tile.data.addmm_(st.t(), mv)
+        elif dst.tile.mask is None:
+            torch.mm(st.t(), mv, out=dst.tile.data)
+            dst.tile.complete = True
+        else:
+            fast = False
+        if fast:
+            return dst
+    result = st.t() @ mv
+    if dst is None:
+        return _deliver(None, result, "nc_matmul", torch.float32, psum, valid=valid)
+    if dst.buffer is not psum:
+        fail(ValueError, "nc_matmul writes its result to a PSUM tile")
+    from ._core import _get, written_anywhere
+
+    current = _get(dst.tile.data, dst.index)
+    if current.shape != result.shape:
+        fail(ValueError, f"nc_matmul: a result of shape {tuple(result.shape)} into a destination of shape "
+                         f"{tuple(current.shape)}")
+    accumulate = kwargs.pop("accumulate", None)
+    if accumulate is None:
+        accumulate = written_anywhere(dst)
+    if accumulate:
+        if dst.index is Ellipsis and dst.tile.complete and valid is None:
+            current.add_(result)  # in place, in PSUM
+        else:
+            write(dst, current + result, "nc_matmul", valid=both(tuple(result.shape), defined(dst), valid))
+        return dst
+    write(dst, result, "nc_matmul", valid=valid)
+    return dst
+
+
+def _is_fake(t):
+    from ._core import _fake
+
+    return _fake(t)
+
+
+def nc_transpose(*args, **kwargs):
+    """The transpose of a [P, F] tile (P, F <= 128) through TensorE, into PSUM."""
+    dst, rest = _split_dst(args, kwargs, 1)
+    (data,) = _take(rest, kwargs, ["data"])
+    x = read(data, "nc_transpose")
+    if x.dim() != 2 or x.shape[1] > hw.PMAX:
+        fail(ValueError, f"nc_transpose takes a 2-D tile of at most {hw.PMAX}x{hw.PMAX}, got {tuple(x.shape)}")
+    r = run()
+    factor = hw.FP32_MATMUL_FACTOR if x.element_size() == 4 else 1.0
+    r.charge("nc_transpose", "TensorE", max(x.shape[0], hw.MM_INIT_LATENCY_CYCLES) * factor / (r.gen.tensor_ghz * 1e9))
+    d = defined(data)
+    return _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
+
+
+def activation(*args, **kwargs):
+    """ScalarE: op(data * scale + bias), bias a [P, 1] tile (or a scalar), scale a scalar or [P, 1] tile."""
+    dst, rest = _split_dst(args, kwargs, 2)
+    op, data = _take(rest, kwargs, ["op", "data"])
+    bias, scale, dtype = kwargs.pop("bias", None), kwargs.pop("scale", 1.0), kwargs.pop("dtype", None)
+    x = read(data, "activation").float()
+    s = read(scale, "activation (scale)")
+    y = x * (s.float() if isinstance(s, torch.Tensor) else s)
+    if bias is not None:
+        b = read(bias, "activation (bias)")
+        y = y + (b.float() if isinstance(b, torch.Tensor) else b)
+    y = _torch_op(op, "activation")(y)
+    nl.charge_scalar("activation", x.shape)
+    valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
+    return _deliver(dst, y, "activation", dtype if dtype is not None else (data.dtype if dst is None else None),
+                    valid=valid)
+
+
+def tensor_tensor(*args, **kwargs):
+    """VectorE: op(data1, data2) elementwise over two tiles of one shape."""
+    dst, rest = _split_dst(args, kwargs, 3)
+    data1, data2, op = _take(rest, kwargs, ["data1", "data2", "op"])
+    a, b = read(data1, "tensor_tensor"), read(data2, "tensor_tensor")
+    if a.shape != b.shape:
+        fail(ValueError, f"tensor_tensor: tiles of shapes {tuple(a.shape)} and {tuple(b.shape)}; they must match")
+    y = _torch_op(op, "tensor_tensor")(a.float(), b.float())
+    nl.charge_vector("tensor_tensor", a.shape, 2, a.dtype)
+    return _deliver(dst, y, "tensor_tensor", kwargs.pop("dtype", None) or (data1.dtype if dst is None else None),
+                    valid=both(tuple(a.shape), defined(data1), defined(data2)))
+
+
+def tensor_scalar(*args, **kwargs):
+    """VectorE: op1(op0(data, operand0), operand1), each operand a scalar or a [P, 1] tile."""
+    dst, rest = _split_dst(args, kwargs, 3)
+    data, op0, operand0 = _take(rest, kwargs, ["data", "op0", "operand0"])
+    x = read(data, "tensor_scalar").float()
+
+    def apply(v, op, operand, reverse):
+        o = read(operand, "tensor_scalar (operand)")
+        o = o.float() if isinstance(o, torch.Tensor) else o
+        fn = _torch_op(op, "tensor_scalar")
+        return fn(torch.as_tensor(o, device=v.device), v) if reverse else fn(v, o)
+
+    y = apply(x, op0, operand0, kwargs.pop("reverse0", False))
+    masks = [defined(data), defined(operand0)]
+    if kwargs.get("op1") is not None:
+        masks.append(defined(kwargs.get("operand1")))
+        y = apply(y, kwargs.pop("op1"), kwargs.pop("operand1"), kwargs.pop("reverse1", False))
+    nl.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
+    return _deliver(dst, y, "tensor_scalar", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
+                    valid=both(tuple(x.shape), *masks))
+
+
+def tensor_reduce(*args, **kwargs):
+    """VectorE: reduce ``data`` with ``op`` (nl.add, nl.maximum, nl.minimum, nl.multiply) along free axes."""
+    dst, rest = _split_dst(args, kwargs, 3)
+    op, data, axis = _take(rest, kwargs, ["op", "data", "axis"])
+    fn = nl.REDUCE_OPS.get(op)
+    if fn is None:
+        fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
+                                  f"nl.minimum or nl.multiply)")
+    keepdims, negate = kwargs.pop("keepdims", False), kwargs.pop("negate", False)
+    out = fn(data, axis, keepdims=keepdims)
+    y = read(out, "tensor_reduce")
+    if negate:
+        y = -y
+    return _deliver(dst, y, "tensor_reduce", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
+                    valid=defined(out))
+
+
+def tensor_copy(*args, **kwargs):
+    """A copy between on-chip tiles (PSUM -> SBUF, or a cast)."""
+    dst, rest = _split_dst(args, kwargs, 1)
+    (src,) = _take(rest, kwargs, ["src"])
+    x = read(src, "tensor_copy")
+    nl.charge_vector("tensor_copy", x.shape, 1, x.dtype)
+    return _deliver(dst, x, "tensor_copy", kwargs.pop("dtype", None) or (src.dtype if dst is None else None),
+                    valid=defined(src))
+
+
+def memset(*args, **kwargs):
+    dst, rest = _split_dst(args, kwargs, 1)
+    (value,) = _take(rest, kwargs, ["value"])
+    if dst is None:
+        fail(ValueError, "memset needs dst=")
+    write(dst, torch.tensor(value, device=dst.tile.data.device), "memset")
+    nl.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
+    return dst
+
+
+def iota(*args, **kwargs):
+    """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
+    dst, rest = _split_dst(args, kwargs, 2)
+    expr, dtype = _take(rest, kwargs, ["expr", "dtype"])
+    from ._core import IndexExpr
+
+    values = expr.tensor if isinstance(expr, IndexExpr) else torch.as_tensor(expr)
+    if values.dim() == 1:
+        values = values[None, :]
+    nl.charge_vector("iota", values.shape, 0, dtype or torch.int32, "GpSimd")
+    return _deliver(dst, values.to(run().device), "iota", dtype or torch.int32)
+
+
+def dma_copy(*args, **kwargs):
+    """A DMA: HBM -> SBUF, SBUF -> HBM, or between on-chip tiles."""
+    dst, rest = _split_dst(args, kwargs, 1) if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
+    (src,) = _take(rest, kwargs, ["src"])
+    if dst is None:
+        fail(ValueError, "dma_copy needs dst= and src=")
+    if isinstance(dst, (HbmTensor, HbmView)):
+        nl.store(dst, src)
+        return dst
+    if isinstance(src, (HbmTensor, HbmView)):
+        from ._core import hbm_parts
+
+        tensor, index = hbm_parts(src)
+        values = tensor if index is Ellipsis else tensor[index]
+        write(dst, values, "dma_copy", kwargs.pop("mask", None))
+        nl.charge_dma("dma_copy", values.numel() * values.element_size())
+        return dst
+    x = read(src, "dma_copy")
+    write(dst, x, "dma_copy", valid=defined(src))
+    nl.charge_dma("dma_copy", x.numel() * x.element_size())
+    return dst

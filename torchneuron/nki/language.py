@@ -1,0 +1,350 @@
+"""``nki.language`` (``nl``): NKI's tile-level language on the emulated NeuronCore.
+
+Names and meanings follow AWS's public NKI documentation; a kernel written for Trainium runs with
+its imports changed to ``import torchneuron.nki.language as nl``. Each call is one vectorized
+operation over a whole tile of device memory, checked against the chip's limits, and charged to the
+engine that would run it (VectorE for arithmetic and reductions, ScalarE for transcendentals,
+TensorE for matmuls and transposes, the DMA queues for loads and stores).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Optional
+
+import torch
+
+from . import _hardware as hw
+from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm, hbm_parts,
+                    masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf, shared_hbm,
+                    write)
+
+__all__ = [
+    "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "tile_size", "ndarray", "zeros", "ones", "full", "load",
+    "store", "copy", "arange", "mgrid", "affine_range", "sequential_range", "static_range", "program_id",
+    "num_programs", "matmul", "transpose", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+    "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs", "negative", "reciprocal",
+    "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+    "sum", "max", "min", "mean", "prod",
+    "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
+    "uint8", "bool_",
+]
+
+float32, bfloat16, float16, tfloat32 = torch.float32, torch.bfloat16, torch.float16, torch.float32
+float8_e4m3, float8_e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+int8, int16, int32, uint8, bool_ = torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool
+
+
+class tile_size:
+    """The hardware's tile limits (``nl.tile_size``)."""
+
+    pmax = hw.PMAX
+    gemm_stationary_fmax = hw.GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = hw.GEMM_MOVING_FMAX
+    psum_fmax = hw.PSUM_BANK_BYTES // 4
+    psum_bank_fmax = hw.PSUM_BANK_BYTES // 4
+
+
+# ---- the engines' costs -----------------------------------------------------------------------------
+
+def _free(shape) -> int:
+    return math.prod(shape[1:]) if len(shape) > 1 else 1
+
+
+def charge_vector(name: str, shape, inputs: int, dtype: torch.dtype, engine: str = "VectorE") -> None:
+    """VectorE/GpSimd: ~N cycles per input tile of N elements per partition, plus a static overhead."""
+    r = run()
+    g = r.gen
+    lanes = g.vector_lanes_16bit if dtype in (torch.bfloat16, torch.float16) else g.vector_lanes_fp32
+    per_cycle = builtins.max(1.0, lanes / hw.PMAX)
+    cycles = inputs * _free(shape) / per_cycle + hw.VECTOR_STATIC_OVERHEAD_CYCLES
+    ghz = g.gpsimd_ghz if engine == "GpSimd" else g.vector_ghz
+    r.charge(name, engine, cycles / (ghz * 1e9))
+
+
+def charge_scalar(name: str, shape) -> None:
+    """ScalarE: one element per partition per cycle, plus the static overhead."""
+    r = run()
+    r.charge(name, "ScalarE", (_free(shape) + hw.VECTOR_STATIC_OVERHEAD_CYCLES) / (r.gen.scalar_ghz * 1e9))
+
+
+def charge_dma(name: str, nbytes: int) -> None:
+    r = run()
+    r.charge(name, "DMA", nbytes / r.gen.hbm_bytes_per_s_per_core)
+
+
+# ---- memory ---------------------------------------------------------------------------------------
+
+def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+    """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
+    dtype = _dtype(dtype)
+    if isinstance(buffer, Buffer) and not buffer.on_chip:
+        return HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=run().device))
+    return Tile(shape, dtype, buffer)
+
+
+def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
+    t = ndarray(shape, dtype, buffer)
+    if isinstance(t, HbmTensor):
+        t.tensor.fill_(fill_value)
+        return t
+    write(t, torch.full(t.shape, fill_value, dtype=t.dtype, device=t.data.device), "nl.full")
+    charge_vector("memset", t.shape, 0, t.dtype, "GpSimd")
+    return t
+
+
+def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+    return full(shape, 0, dtype, buffer)
+
+
+def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+    return full(shape, 1, dtype, buffer)
+
+
+def load(src, mask=None, dtype=None, **kwargs) -> Tile:
+    """HBM -> a new SBUF tile (a DMA)."""
+    tensor, index = hbm_parts(src)
+    values = masked_gather(tensor, index, mask)
+    if values.dim() == 0:
+        values = values.reshape(1, 1)
+    out = Tile(values.shape, _dtype(dtype) if dtype is not None else values.dtype, sbuf)
+    write(out, values, "nl.load", mask)
+    charge_dma("load", values.numel() * values.element_size())
+    return out
+
+
+def store(dst, value, mask=None, **kwargs) -> None:
+    """An SBUF tile -> HBM (a DMA)."""
+    tensor, index = hbm_parts(dst)
+    if isinstance(value, (Tile, TileView)) and value.buffer is psum:
+        fail(ValueError, "nl.store writes from SBUF; copy a PSUM tile to SBUF first (nl.copy or nisa.tensor_copy)")
+    data = read(value, "nl.store")
+    where = None
+    if mask is not None and isinstance(value, (Tile, TileView)):
+        where = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=data.device)
+    require_defined(value, "nl.store", where)
+    if mask is not None:
+        masked_scatter(tensor, index, mask, torch.as_tensor(data, device=tensor.device).to(tensor.dtype))
+        charge_dma("store", data.numel() * data.element_size())
+        return
+    target = tensor if index is Ellipsis else tensor[index]
+    data = torch.as_tensor(data, device=tensor.device).to(tensor.dtype)
+    if data.shape != target.shape:
+        try:
+            data = data.expand(target.shape) if data.dim() <= target.dim() else data.reshape(target.shape)
+        except RuntimeError:
+            fail(ValueError, f"nl.store: a tile of shape {tuple(data.shape)} does not fit {tuple(target.shape)}")
+    if index is Ellipsis:
+        tensor.copy_(data)
+    else:
+        tensor[index] = data
+    charge_dma("store", data.numel() * data.element_size())
+
+
+def copy(x, dtype=None, mask=None, **kwargs) -> Tile:
+    """A copy of a tile (in SBUF), optionally cast: how PSUM results come back to SBUF."""
+    data = read(x, "nl.copy")
+    out = Tile(data.shape, _dtype(dtype) if dtype is not None else x.dtype, sbuf)
+    write(out, data, "nl.copy", mask, valid=defined(x))
+    charge_vector("copy", data.shape, 1, out.dtype)
+    return out
+
+
+# ---- indices and loops ----------------------------------------------------------------------------
+
+def arange(*args) -> IndexExpr:
+    r = _maybe_run()
+    return IndexExpr(torch.arange(*args, device=r.device if r else "cpu"))
+
+
+class _MGrid:
+    def __getitem__(self, slices):
+        if not isinstance(slices, tuple):
+            slices = (slices,)
+        r = _maybe_run()
+        ranges = [torch.arange(s.start or 0, s.stop, s.step or 1, device=r.device if r else "cpu") for s in slices]
+        return tuple(IndexExpr(t) for t in torch.meshgrid(*ranges, indexing="ij"))
+
+
+mgrid = _MGrid()
+
+
+def affine_range(*args, **kwargs):
+    return range(*args)
+
+
+def sequential_range(*args, **kwargs):
+    return range(*args)
+
+
+def static_range(*args, **kwargs):
+    return range(*args)
+
+
+def program_id(axis: int) -> int:
+    r = run()
+    if not 0 <= axis < builtins.max(1, len(r.grid)):
+        fail(ValueError, f"nl.program_id({axis}): the kernel was launched with a grid of {len(r.grid)} axes")
+    return r.program[axis] if r.program else 0
+
+
+def num_programs(axis: int = 0) -> int:
+    r = run()
+    return r.grid[axis] if r.grid else 1
+
+
+def _maybe_run():
+    from ._core import _RUN
+
+    return _RUN.get()
+
+
+def _dtype(d):
+    if isinstance(d, torch.dtype):
+        return d
+    fail(TypeError, f"expected an nl dtype (nl.float32, nl.bfloat16, ...), got {d!r}")
+
+
+# ---- arithmetic -----------------------------------------------------------------------------------
+
+def _result_dtype(dtype, *xs):
+    if dtype is not None:
+        return _dtype(dtype)
+    for x in xs:
+        if isinstance(x, (Tile, TileView)):
+            return x.dtype
+    return torch.float32
+
+
+def _unary(fn, name: str, scalar_engine: bool):
+    def op(x, dtype=None, mask=None, **kwargs):
+        data = read(x, f"nl.{name}")
+        out = Tile(data.shape, _result_dtype(dtype, x), sbuf)
+        write(out, fn(data.float() if data.is_floating_point() else data), f"nl.{name}", mask, valid=defined(x))
+        (charge_scalar(name, data.shape) if scalar_engine else charge_vector(name, data.shape, 1, out.dtype))
+        return out
+    op.__name__ = name
+    return op
+
+
+def _binary(fn, name: str):
+    def op(x, y, dtype=None, mask=None, **kwargs):
+        a, b = read(x, f"nl.{name}"), read(y, f"nl.{name}")
+        ta, tb = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
+        if ta and tb and a.dim() != b.dim():  # NKI aligns tiles on the partition axis: pad the free axes
+            a = a.reshape(tuple(a.shape) + (1,) * (b.dim() - a.dim())) if a.dim() < b.dim() else a
+            b = b.reshape(tuple(b.shape) + (1,) * (a.dim() - b.dim())) if b.dim() < a.dim() else b
+        if ta and tb:
+            try:
+                shape = torch.broadcast_shapes(a.shape, b.shape)
+            except RuntimeError:
+                fail(ValueError, f"nl.{name}: tiles of shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast")
+            if a.shape[0] != b.shape[0] and 1 not in (a.shape[0], b.shape[0]):
+                fail(ValueError, f"nl.{name}: tiles on {a.shape[0]} and {b.shape[0]} partitions")
+        else:
+            shape = (a if ta else b).shape if (ta or tb) else (1, 1)
+        out = Tile(shape, _result_dtype(dtype, x, y), sbuf)
+        fa = a.float() if ta and a.is_floating_point() else a
+        fb = b.float() if tb and b.is_floating_point() else b
+        write(out, fn(torch.as_tensor(fa, device=out.data.device), fb), f"nl.{name}", mask,
+              valid=both(tuple(shape), defined(x), defined(y)))
+        charge_vector(name, shape, int(ta) + int(tb), out.dtype)
+        return out
+    op.__name__ = name
+    return op
+
+
+add = _binary(torch.add, "add")
+subtract = _binary(torch.sub, "subtract")
+multiply = _binary(torch.mul, "multiply")
+divide = _binary(torch.div, "divide")
+maximum = _binary(torch.maximum, "maximum")
+minimum = _binary(torch.minimum, "minimum")
+power = _binary(torch.pow, "power")
+equal = _binary(torch.eq, "equal")
+not_equal = _binary(torch.ne, "not_equal")
+greater = _binary(torch.gt, "greater")
+greater_equal = _binary(torch.ge, "greater_equal")
+less = _binary(torch.lt, "less")
+less_equal = _binary(torch.le, "less_equal")
+exp = _unary(torch.exp, "exp", True)
+log = _unary(torch.log, "log", True)
+sqrt = _unary(torch.sqrt, "sqrt", True)
+rsqrt = _unary(torch.rsqrt, "rsqrt", True)
+tanh = _unary(torch.tanh, "tanh", True)
+sigmoid = _unary(torch.sigmoid, "sigmoid", True)
+relu = _unary(torch.relu, "relu", True)
+gelu = _unary(torch.nn.functional.gelu, "gelu", True)
+silu = _unary(torch.nn.functional.silu, "silu", True)
+sin = _unary(torch.sin, "sin", True)
+cos = _unary(torch.cos, "cos", True)
+erf = _unary(torch.erf, "erf", True)
+abs = _unary(torch.abs, "abs", False)  # noqa: A001 (nl's name)
+negative = _unary(torch.neg, "negative", False)
+reciprocal = _unary(torch.reciprocal, "reciprocal", False)
+square = _unary(torch.square, "square", False)
+
+# torch functions by nl op, for nisa's op= arguments
+TORCH_OPS = {add: torch.add, subtract: torch.sub, multiply: torch.mul, divide: torch.div, maximum: torch.maximum,
+             minimum: torch.minimum, power: torch.pow, equal: torch.eq, not_equal: torch.ne, greater: torch.gt,
+             greater_equal: torch.ge, less: torch.lt, less_equal: torch.le, exp: torch.exp, log: torch.log,
+             sqrt: torch.sqrt, rsqrt: torch.rsqrt, tanh: torch.tanh, sigmoid: torch.sigmoid, relu: torch.relu,
+             gelu: torch.nn.functional.gelu, silu: torch.nn.functional.silu, sin: torch.sin, cos: torch.cos,
+             erf: torch.erf, abs: torch.abs, negative: torch.neg, reciprocal: torch.reciprocal, square: torch.square}
+
+
+# ---- reductions -----------------------------------------------------------------------------------
+
+def _reduction(fn, name: str):
+    def op(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+        data = read(x, f"nl.{name}")
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(a % data.dim() for a in axes)
+        if 0 in axes:
+            fail(ValueError, f"nl.{name}: reductions run along free axes; axis 0 is the partition axis (reduce "
+                             f"across partitions with nc_matmul against a ones vector, or transpose first)")
+        result = fn(data.float() if data.is_floating_point() else data, axes, keepdims)
+        out = Tile(result.shape if result.dim() else (1, 1), _result_dtype(dtype, x), sbuf)
+        d = defined(x)
+        if d is not None:
+            for a in sorted(axes, reverse=True):
+                d = d.all(a, keepdim=keepdims)
+        write(out, result, f"nl.{name}", mask, valid=d)
+        charge_vector(name, data.shape, 1, out.dtype)
+        return out
+    op.__name__ = name
+    return op
+
+
+sum = _reduction(lambda t, a, k: torch.sum(t, a, keepdim=k), "sum")  # noqa: A001
+max = _reduction(lambda t, a, k: torch.amax(t, a, keepdim=k), "max")  # noqa: A001
+min = _reduction(lambda t, a, k: torch.amin(t, a, keepdim=k), "min")  # noqa: A001
+mean = _reduction(lambda t, a, k: torch.mean(t, a, keepdim=k), "mean")
+prod = _reduction(lambda t, a, k: _prod(t, a, k), "prod")
+REDUCE_OPS = {add: sum, maximum: max, minimum: min, multiply: prod}
+
+
+def _prod(t, axes, keepdim):
+    for a in sorted(axes, reverse=True):
+        t = torch.prod(t, a, keepdim=keepdim)
+    return t
+
+
+# ---- the tensor engine ----------------------------------------------------------------------------
+
+def matmul(x, y, transpose_x: bool = False, mask=None, **kwargs) -> Tile:
+    """x @ y into a new PSUM tile (float32). With ``transpose_x``, ``x`` is already [K, M] (the
+    stationary operand, contraction on partitions); else it is [M, K] and TensorE transposes it first."""
+    from . import isa
+
+    if not transpose_x:
+        x = isa.nc_transpose(x)
+    return isa.nc_matmul(x, y)
+
+
+def transpose(x, dtype=None, mask=None, **kwargs) -> Tile:
+    """The 2-D transpose of a tile (through TensorE, into PSUM)."""
+    from . import isa
+
+    return isa.nc_transpose(x)
