@@ -86,8 +86,9 @@ CASES = [
     ("sparse-neuron+sparse-cpu", lambda: d0(2, 2).to_sparse() + torch.eye(2).to_sparse(), RuntimeError,
      SAME_DEVICE + ".*neuron:0 and cpu", ()),
     ("to_mkldnn", lambda: d0(2, 2).to_mkldnn(), NotImplementedError, "neuron", ()),
-    ("quantize_per_tensor", lambda: torch.quantize_per_tensor(d0(4), 0.1, 0, torch.quint8), NotImplementedError,
-     "neuron", ()),
+    ("quantize_per_channel-axis", lambda: torch.quantize_per_channel(
+        d0(2, 3), torch.ones(3, dtype=torch.double, device="neuron"), torch.zeros(3, dtype=torch.long, device="neuron"),
+        5, torch.quint8), RuntimeError, "Channel axis out of range", ()),
     ("pin_memory-of-neuron-tensor", lambda: d0(3).pin_memory(), RuntimeError, "only dense CPU tensors can be pinned", ()),
     ("empty(pin_memory=True)-on-neuron", lambda: torch.empty(3, device="neuron", pin_memory=True), RuntimeError,
      "(?i)only dense CPU tensors can be pinned", ()),

@@ -10,6 +10,7 @@
 // tensors on the op's device without a copy.
 #include "arguments.h"
 #include "neuron.h"
+#include "quantized.h"
 #include "../runtime/kernel_scope.h"
 
 #include <ATen/NestedTensorImpl.h>
@@ -49,6 +50,22 @@ class Call {
     if (device.type() == kNeuron && t.is_nested()) {
       noteDevice(device, arg);
       aliases_.push_back(Alias{t, nestedHostView(t), written});
+      return aliases_.back().cpu;
+    }
+    if (device.type() == kNeuron && t.is_quantized()) {
+      noteDevice(device, arg);
+      quantized_ = true;
+      for (auto& a : aliases_) {
+        if (a.neuron.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          a.written = a.written || written;
+          return a.cpu;
+        }
+      }
+      c10::Storage host_storage;
+      for (const auto& a : aliases_)
+        if (a.neuron.storage().is_alias_of(t.storage())) host_storage = a.cpu.storage();
+      if (!host_storage) host_storage = hostStorageOf(t);
+      aliases_.push_back(Alias{t, quantizedHostView(t, std::move(host_storage)), written});
       return aliases_.back().cpu;
     }
     if (device.type() == kNeuron) {
@@ -108,6 +125,7 @@ class Call {
 
   // The keys to run the CPU kernel under: nested arguments take the CPU's nested-tensor kernels.
   c10::DispatchKeySet cpuKeys() const {
+    if (quantized_) return c10::DispatchKeySet({c10::DispatchKey::QuantizedCPU, c10::DispatchKey::CPU});
     return nested_ ? c10::DispatchKeySet({c10::DispatchKey::NestedTensorCPU, c10::DispatchKey::CPU})
                    : c10::DispatchKeySet(c10::DispatchKey::CPU);
   }
@@ -121,9 +139,7 @@ class Call {
     TORCH_CHECK_NOT_IMPLEMENTED(out.layout() == c10::kStrided,
         op_.schema().operator_name(), " produced a tensor of layout ", out.layout(),
         ", which neuron does not support; only dense (torch.strided) tensors are.");
-    TORCH_CHECK_NOT_IMPLEMENTED(!c10::isQIntType(out.scalar_type()),
-        op_.schema().operator_name(), " produced a quantized tensor (", out.scalar_type(),
-        "); quantized tensors are not supported on neuron.");
+    if (out.is_quantized()) return quantizedDeviceResult(std::move(out));
     auto* storage = out.storage().unsafeGetStorageImpl();
     for (const auto& a : aliases_)  // a view of an argument
       if (a.cpu.storage().unsafeGetStorageImpl() == storage) return deviceTensorOver(a.neuron.storage(), out);
@@ -172,6 +188,22 @@ class Call {
         buffer, nt->get_nested_sizes(), nt->get_nested_strides(), nt->get_storage_offsets());
   }
 
+  // A quantized CPU result as a quantized neuron tensor: a view of an argument, or its buffer
+  // adopted (copied when someone else holds it). With an explicit device=cpu it stays on the CPU.
+  at::Tensor quantizedDeviceResult(at::Tensor out) {
+    if (to_cpu_) return out;
+    auto* storage = out.storage().unsafeGetStorageImpl();
+    for (const auto& a : aliases_)
+      if (a.cpu.storage().unsafeGetStorageImpl() == storage)
+        return quantizedDeviceTensorOver(a.neuron.storage(), out, device_);
+    for (const auto& [cpu_storage, neuron_storage] : adopted_)
+      if (cpu_storage == storage) return quantizedDeviceTensorOver(neuron_storage, out, device_);
+    const bool exclusive = out.use_count() == 1 && out.storage().use_count() == 1 + shared_outputs_;
+    c10::Storage device_storage = exclusive ? deviceStorage(storage, device_) : deviceStorageCopy(storage, device_);
+    adopted_.emplace_back(storage, device_storage);
+    return quantizedDeviceTensorOver(std::move(device_storage), out, device_);
+  }
+
   // Several returned tensors may share one new buffer (each holds a reference).
   void countSharedOutputs(torch::jit::Stack* stack, size_t first) {
     c10::SmallVector<const c10::StorageImpl*, 4> seen;
@@ -195,6 +227,7 @@ class Call {
   size_t shared_outputs_ = 0;
   bool to_cpu_ = false;  // an explicit device=cpu argument
   bool nested_ = false;  // a nested tensor among the arguments
+  bool quantized_ = false;  // a quantized tensor among the arguments
 };
 
 // An op that reaches the fallback without a CPU kernel (flash attention and other ops PyTorch
@@ -250,6 +283,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
 }
 
+// Quantized tensors on the device run the CPU's quantized kernels the same way (quantized.cpp).
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
+}
+
 // Nested tensors on the device run the CPU's nested-tensor kernels the same way.
 TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuronFallback>());
@@ -274,12 +312,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 void preferCpuKernels() {
   static torch::Library* library = nullptr;
   static torch::Library* nested = nullptr;
+  static torch::Library* quantized = nullptr;
   if (library != nullptr) return;
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   nested = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::NestedTensorPrivateUse1, __FILE__,
                               __LINE__);
   const auto fallback = [] { return torch::CppFunction::makeFromBoxedFunction<&neuronFallback>(); };
+  quantized = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__,
+                                 __LINE__);
   forEachAtenOp([&](const c10::OperatorHandle& op, const std::string& qualified) {
+    // Quantized tensors: the CPU's quantized kernel (clone, ...), also where a generic kernel would win.
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::QuantizedCPU) &&
+        !op.hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1)) {
+      bool is_view = false;
+      for (const auto& ret : op.schema().returns())
+        if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) is_view = true;
+      if (!is_view) quantized->impl(qualified.c_str(), fallback());
+    }
     // Nested tensors: the CPU's nested kernel, also where a generic kernel would otherwise win.
     if (op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
         !op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1))
