@@ -151,3 +151,24 @@ def test_bad_input_gives_pytorchs_errors():
         qn.q_per_channel_scales()  # a per-tensor tensor
     with pytest.raises(RuntimeError):
         torch.quantize_per_tensor(x, 0.1, 0, torch.qint8).to("neuron").copy_(qn)  # another qtype
+
+
+def test_ravel_and_flatten():
+    e = torch._empty_affine_quantized([3, 4, 5], scale=2, zero_point=3, dtype=torch.quint8, device="neuron")
+    qc = torch.quantize_per_tensor(_x((3, 4, 5)), 0.1, 3, torch.quint8)
+    for qn in (e, qc.to("neuron")):
+        flat = qn.ravel()
+        assert flat.shape == (60,) and flat._base is qn and flat.is_contiguous() and flat.device.type == "neuron"
+        assert flat.is_quantized and flat.q_scale() == qn.q_scale()
+        assert qn.flatten(1, 2).shape == (3, 20) and qn.flatten(0, 1).shape == (12, 5)
+        with pytest.raises(IndexError, match="Dimension out of range"):
+            qn.flatten(5, 10)
+        with pytest.raises(RuntimeError, match="start_dim cannot come after end_dim"):
+            qn.flatten(2, 0)
+    qn = qc.to("neuron")
+    assert torch.equal(qn.flatten(0, 1).int_repr().cpu(), qc.flatten(0, 1).int_repr())
+    src = qn[:, 1].t()
+    nc = src.ravel()  # not contiguous: a copy
+    assert nc._base is not src and nc._base is not qn and nc.is_contiguous()
+    assert nc.untyped_storage().data_ptr() != qn.untyped_storage().data_ptr()
+    assert torch.equal(nc.int_repr().cpu(), qc[:, 1].t().ravel().int_repr())
