@@ -78,14 +78,17 @@ def test_empty_quantized_factories():
     assert p.q_per_channel_scales().device.type == "neuron"
 
 
+
+def _quantized(x, per_channel, axis, dtype):
+    """x quantized per tensor (scale 0.05, zero point 3), or per channel along ``axis``."""
+    if per_channel:
+        s, z = _channel_params(x.shape[axis])
+        return torch.quantize_per_channel(x, s, z, axis, dtype)
+    return torch.quantize_per_tensor(x, 0.05, 3, dtype)
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_copies(per_channel):
-    x = _x()
-    if per_channel:
-        s, z = _channel_params(6)
-        qc = torch.quantize_per_channel(x, s, z, 1, torch.quint8)
-    else:
-        qc = torch.quantize_per_tensor(x, 0.05, 3, torch.quint8)
+    qc = _quantized(_x(), per_channel, 1, torch.quint8)
     qn = qc.to("neuron")
     _same(qn, qc)
     back = qn.cpu()
@@ -102,12 +105,7 @@ def test_copies(per_channel):
 
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_views(per_channel):
-    x = _x((4, 6, 2))
-    if per_channel:
-        s, z = _channel_params(4)
-        qc = torch.quantize_per_channel(x, s, z, 0, torch.qint8)
-    else:
-        qc = torch.quantize_per_tensor(x, 0.05, 3, torch.qint8)
+    qc = _quantized(_x((4, 6, 2)), per_channel, 0, torch.qint8)
     qn = qc.to("neuron")
     views = [
         lambda t: t.transpose(1, 2),

@@ -132,8 +132,7 @@ class Kernel:
         result = None
         gen = _hardware.current()
         for program in programs:
-            r = KernelRun(device, self.grid, program)
-            r.shared_hbm = shared
+            r = KernelRun(device, self.grid, program, shared)
             token = _RUN.set(r)
             try:
                 result = self.fn(*wargs, **wkwargs)
@@ -178,25 +177,3 @@ def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str]
         return op
 
     return register
-
-
-def _shared_hbm_hook():  # a grid's programs share the outputs they allocate in nl.shared_hbm
-    orig = language.ndarray
-
-    @functools.wraps(orig)
-    def ndarray(shape, dtype, buffer=language.sbuf, name=""):
-        r = _RUN.get()
-        if r is not None and buffer is language.shared_hbm and r.grid:
-            slot = getattr(r, "_shared_slot", 0)
-            r._shared_slot = slot + 1
-            if slot < len(r.shared_hbm):
-                return r.shared_hbm[slot]
-            t = orig(shape, dtype, buffer, name)
-            r.shared_hbm.append(t)
-            return t
-        return orig(shape, dtype, buffer, name)
-
-    language.ndarray = ndarray
-
-
-_shared_hbm_hook()

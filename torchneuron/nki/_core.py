@@ -84,8 +84,12 @@ class Instruction:
 class KernelRun:
     """One call of a kernel: its device, grid position, live on-chip memory and instruction costs."""
 
-    def __init__(self, device: torch.device, grid: Tuple[int, ...] = (), program: Tuple[int, ...] = ()):
+    def __init__(self, device: torch.device, grid: Tuple[int, ...] = (), program: Tuple[int, ...] = (),
+                 shared_hbm: Optional[list] = None):
         self.device, self.grid, self.program = device, grid, program
+        # The grid's nl.shared_hbm tensors, in allocation order (one list for all its programs).
+        self.shared_hbm = [] if shared_hbm is None else shared_hbm
+        self.shared_slot = 0
         self.gen = hw.current()
         self.sbuf_live = 0  # bytes per partition
         self.psum_live = 0
@@ -225,7 +229,7 @@ class TileView:
 
     @property
     def shape(self) -> Tuple[int, ...]:
-        return tuple(self.tile.data[self.index].shape)
+        return tuple(_get(self.tile.data, self.index).shape)
 
     @property
     def dtype(self) -> torch.dtype:

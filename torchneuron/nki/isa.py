@@ -50,7 +50,7 @@ def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=
 
 
 def _torch_op(op, what: str):
-    fn = nl.TORCH_OPS.get(op)
+    fn = getattr(op, "torch_fn", None)
     if fn is None:
         if callable(op) and getattr(op, "__module__", "").startswith("torch"):
             return op
@@ -125,12 +125,6 @@ def nc_matmul(*args, **kwargs):
         return dst
     write(dst, result, "nc_matmul", valid=valid)
     return dst
-
-
-def _is_fake(t):
-    from ._core import _fake
-
-    return _fake(t)
 
 
 def nc_transpose(*args, **kwargs):

@@ -80,7 +80,15 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
     dtype = _dtype(dtype)
     if isinstance(buffer, Buffer) and not buffer.on_chip:
-        return HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=run().device))
+        r = run()
+        if buffer is shared_hbm and r.grid:  # a grid's programs share what they allocate there, in order
+            slot = r.shared_slot
+            r.shared_slot += 1
+            if slot < len(r.shared_hbm):
+                return r.shared_hbm[slot]
+            r.shared_hbm.append(HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device)))
+            return r.shared_hbm[slot]
+        return HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device))
     return Tile(shape, dtype, buffer)
 
 
@@ -224,7 +232,7 @@ def _unary(fn, name: str, scalar_engine: bool):
         write(out, fn(data.float() if data.is_floating_point() else data), f"nl.{name}", mask, valid=defined(x))
         (charge_scalar(name, data.shape) if scalar_engine else charge_vector(name, data.shape, 1, out.dtype))
         return out
-    op.__name__ = name
+    op.__name__, op.torch_fn = name, fn
     return op
 
 
@@ -251,7 +259,7 @@ def _binary(fn, name: str):
               valid=both(tuple(shape), defined(x), defined(y)))
         charge_vector(name, shape, int(ta) + int(tb), out.dtype)
         return out
-    op.__name__ = name
+    op.__name__, op.torch_fn = name, fn  # torch_fn: what nisa's op= arguments compute
     return op
 
 
@@ -284,15 +292,6 @@ abs = _unary(torch.abs, "abs", False)  # noqa: A001 (nl's name)
 negative = _unary(torch.neg, "negative", False)
 reciprocal = _unary(torch.reciprocal, "reciprocal", False)
 square = _unary(torch.square, "square", False)
-
-# torch functions by nl op, for nisa's op= arguments
-TORCH_OPS = {add: torch.add, subtract: torch.sub, multiply: torch.mul, divide: torch.div, maximum: torch.maximum,
-             minimum: torch.minimum, power: torch.pow, equal: torch.eq, not_equal: torch.ne, greater: torch.gt,
-             greater_equal: torch.ge, less: torch.lt, less_equal: torch.le, exp: torch.exp, log: torch.log,
-             sqrt: torch.sqrt, rsqrt: torch.rsqrt, tanh: torch.tanh, sigmoid: torch.sigmoid, relu: torch.relu,
-             gelu: torch.nn.functional.gelu, silu: torch.nn.functional.silu, sin: torch.sin, cos: torch.cos,
-             erf: torch.erf, abs: torch.abs, negative: torch.neg, reciprocal: torch.reciprocal, square: torch.square}
-
 
 # ---- reductions -----------------------------------------------------------------------------------
 
