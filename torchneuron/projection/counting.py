@@ -720,7 +720,7 @@ def _arg_signature(a: Any) -> Any:
     return type(a).__name__
 
 
-# Per-op facts that do not change between calls: (base name, class, free, in-place).
+# Per-op facts that do not change between calls: (base name, class, free, in-place, fused eager's cut kind).
 _OP_INFO: Dict[Any, tuple] = {}
 _DROPOUT_ARG: Dict[Any, int] = {}  # random ops that draw only with a dropout probability: its position
 _OP_NAMES: Dict[Any, str] = {}
