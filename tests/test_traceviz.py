@@ -153,3 +153,22 @@ def test_flow_categories_can_be_chosen(tmp_path):
 def test_width_must_be_positive(tmp_path, bad_width):
     with pytest.raises(SystemExit):
         main(["traceviz", str(_synthetic(tmp_path)), "--width", bad_width])
+
+
+def test_the_viewers_import_nothing_of_the_device():
+    # They read files a run wrote: a page can be made where the device is not.
+    import ast
+    import pathlib
+
+    import torchneuron.tools
+
+    for path in pathlib.Path(torchneuron.tools.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(("torch", "..")), f"{path.name} imports {name}"

@@ -345,10 +345,10 @@ def _run_memviz(args: argparse.Namespace) -> int:
               "write one with torch.neuron.memory._dump_snapshot()", file=sys.stderr)
         return 2
     if args.kind == "offline":
-        from torchneuron.neuron import _memviz
+        from torchneuron.tools import memviz
 
-        html = _memviz.render_html(snapshot, title=os.path.basename(args.snapshot),
-                                   max_actions=args.max_actions or _memviz.MAX_ACTIONS)
+        html = memviz.render_html(snapshot, title=os.path.basename(args.snapshot),
+                                  max_actions=args.max_actions or memviz.MAX_ACTIONS)
         where = "open it in a browser (it is self-contained: nothing is loaded when it opens)"
     else:
         from torch.cuda import _memory_viz
@@ -383,7 +383,7 @@ def _run_traceviz(args: argparse.Namespace) -> int:
     """Write a self-contained HTML timeline of a Chrome trace."""
     import os
 
-    from torchneuron.neuron import _traceviz
+    from torchneuron.tools import traceviz
 
     window = None
     if args.window:
@@ -395,11 +395,11 @@ def _run_traceviz(args: argparse.Namespace) -> int:
             return 2
         window = (a, b)
     try:
-        events = _traceviz.load_trace(args.trace)
-        page = _traceviz.render_html(events, title=os.path.basename(args.trace), window_ms=window, step=args.step,
-                                     width=args.width,
-                                     flow_cats=set(args.flows.split(",")) if args.flows else None)
-    except _traceviz.TraceError as e:
+        events = traceviz.load_trace(args.trace)
+        page = traceviz.render_html(events, title=os.path.basename(args.trace), window_ms=window, step=args.step,
+                                    width=args.width,
+                                    flow_cats=set(args.flows.split(",")) if args.flows else None)
+    except traceviz.TraceError as e:
         print(f"torchneuron traceviz: {e}", file=sys.stderr)
         return 2
     output = args.output or os.path.splitext(args.trace)[0] + ".html"

@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from ._memviz import _nice_step
+from .memviz import _nice_step
 
 __all__ = ["load_trace", "render_html", "TraceError"]
 

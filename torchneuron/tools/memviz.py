@@ -198,7 +198,7 @@ class _Frames:
 def _nice_step(span: float, ticks: int = 5) -> float:
     """A round axis step (1, 2 or 5 times a power of ten) giving about ``ticks`` ticks over ``span``.
 
-    The trace view (``_traceviz``) draws its time axis with it too.
+    The trace view (:mod:`~torchneuron.tools.traceviz`) draws its time axis with it too.
     """
     raw = span / max(ticks, 1)
     if raw <= 0:
