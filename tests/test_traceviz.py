@@ -1,6 +1,7 @@
 """torchneuron traceviz: a self-contained HTML timeline of a Chrome trace (processes, lanes, slices, flows)."""
 
 import json
+import os
 import re
 
 import pytest
@@ -11,6 +12,7 @@ import torchneuron  # noqa: F401
 from torchneuron.cli import main
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+DATA = os.path.join(os.path.dirname(__file__), "data", "traceviz")
 
 
 def _page(tmp_path, trace, *extra, name="trace.html"):
@@ -147,6 +149,17 @@ def test_flow_categories_can_be_chosen(tmp_path):
     path = _synthetic(tmp_path)
     assert len(_flows(_page(tmp_path, path, "--flows", "ac2g"))) == 1
     assert _flows(_page(tmp_path, path, "--flows", "fwdbwd", name="none.html")) == []
+
+
+@pytest.mark.parametrize("expected, kwargs", [("synthetic.html", {}), ("synthetic_step2.html", {"step": 2})])
+def test_page_is_unchanged(tmp_path, expected, kwargs):
+    # The page of the synthetic trace, byte for byte. After a change meant to alter the page, write
+    # the files anew: render_html(load_trace(<_synthetic's file>), title="synthetic.json", **kwargs).
+    from torchneuron.tools import traceviz
+
+    events = traceviz.load_trace(str(_synthetic(tmp_path)))
+    with open(os.path.join(DATA, expected), encoding="utf-8", newline="") as f:
+        assert traceviz.render_html(events, title="synthetic.json", **kwargs) == f.read()
 
 
 @pytest.mark.parametrize("bad_width", ["0", "-3"])
