@@ -90,7 +90,6 @@ def _hue(name: str) -> int:
     return zlib.crc32(key.encode()) % 360
 
 
-
 def _fmt_us(us: float) -> str:
     if us >= 1e6:
         return f"{us / 1e6:.3g} s"
@@ -105,6 +104,34 @@ def _f(v: float) -> str:
 
 def _sort_key(value: Any) -> tuple:
     return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
+
+
+@dataclass
+class _Meta:
+    """The names and sort indices the trace's metadata (``M``) events give processes and threads."""
+    proc_names: dict = field(default_factory=dict)
+    proc_sort: dict = field(default_factory=dict)
+    thread_names: dict = field(default_factory=dict)     # (pid, tid) -> name
+    thread_sort: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Frame:
+    """The drawn window: trace time from ``start`` to ``end`` (microseconds) across the page."""
+    origin: float           # the trace's first event: times on the page count from it
+    start: float
+    end: float
+    width: int
+    plot_w: int = field(init=False)     # the slices' part of the width, right of the lane names
+    scale: float = field(init=False)    # pixels per microsecond
+
+    def __post_init__(self) -> None:
+        self.plot_w = max(self.width - _LABEL_W - 16, 100)
+        self.scale = self.plot_w / (self.end - self.start)
+
+    def x(self, ts: float) -> float:
+        """The page x of trace time ``ts``."""
+        return _LABEL_W + (ts - self.start) * self.scale
 
 
 def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Optional[tuple] = None,
@@ -123,32 +150,45 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
         TraceError: ``step`` names no slice of the trace.
     """
     timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
-    origin = min((e["ts"] for e in timed), default=0.0)
-    proc_names: dict = {}
-    proc_sort: dict = {}
-    thread_names: dict = {}
-    thread_sort: dict = {}
+    meta = _metadata(events)
+    lanes, flows, counts = _collect(timed, meta)
+    frame, label = _window(timed, lanes, width, window_ms, step)
+    bound = _nest(lanes, flows)
+    table, body, labels, hidden, height = _draw_lanes(lanes, meta, frame)
+    arrows = _draw_flows(flows, bound, lanes, frame, flow_cats)
+    svg = _svg(frame, height, _draw_axis(frame, height), body, labels, arrows)
+    summary = _summary(label, frame, lanes, len(table), hidden, len(arrows), flows, counts)
+    return _page(title, summary, svg, table)
+
+
+def _metadata(events: Sequence[dict]) -> _Meta:
+    """The process and thread names and sort indices of ``events``."""
+    meta = _Meta()
     for e in events:
         if e.get("ph") != "M":
             continue
         args = e.get("args") or {}
         name = e.get("name")
         if name == "process_name":
-            proc_names[e.get("pid")] = str(args.get("name", ""))
+            meta.proc_names[e.get("pid")] = str(args.get("name", ""))
         elif name == "process_sort_index":
-            proc_sort[e.get("pid")] = args.get("sort_index", 0)
+            meta.proc_sort[e.get("pid")] = args.get("sort_index", 0)
         elif name == "thread_name":
-            thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
+            meta.thread_names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
         elif name == "thread_sort_index":
-            thread_sort[(e.get("pid"), e.get("tid"))] = args.get("sort_index", 0)
+            meta.thread_sort[(e.get("pid"), e.get("tid"))] = args.get("sort_index", 0)
+    return meta
 
+
+def _collect(timed: Sequence[dict], meta: _Meta) -> tuple:
+    """The lanes with their slices, the flows by (category, id) and the counts of events not drawn."""
     lanes: dict = {}
 
     def lane(pid: Any, tid: Any) -> _Lane:
         key = (pid, tid)
         if key not in lanes:
-            name = thread_names.get(key) or (f"thread {tid}" if tid is not None else "")
-            sort = thread_sort.get(key, tid if isinstance(tid, (int, float)) else 0)
+            name = meta.thread_names.get(key) or (f"thread {tid}" if tid is not None else "")
+            sort = meta.thread_sort.get(key, tid if isinstance(tid, (int, float)) else 0)
             lanes[key] = _Lane(pid, tid, name, sort)
         return lanes[key]
 
@@ -178,8 +218,13 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
             counts["counter"] += 1
         else:
             counts["other"] += 1
+    return lanes, flows, counts
 
-    # The window.
+
+def _window(timed: Sequence[dict], lanes: dict, width: int, window_ms: Optional[tuple],
+            step: Optional[int]) -> tuple:
+    """The frame to draw (the whole trace, ``step``'s slice or ``window_ms``) and its name."""
+    origin = min((e["ts"] for e in timed), default=0.0)
     start, end = origin, max((e["ts"] + float(e.get("dur", 0) or 0) for e in timed), default=origin + 1)
     label = "the whole trace"
     if step is not None:
@@ -196,100 +241,119 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
         label = "window"
     if end <= start:
         end = start + 1.0
-    plot_w = max(width - _LABEL_W - 16, 100)
-    scale = plot_w / (end - start)
+    return _Frame(origin, start, end, width), label
 
-    def x_of(ts: float) -> float:
-        return _LABEL_W + (ts - start) * scale
 
-    # Nesting depth per lane, and the deepest slice around each flow end (binding), by a sweep.
+def _nest(lanes: dict, flows: dict) -> dict:
+    """Nest each lane's slices (their ``depth``); the slice each flow end binds to, by (flow, ``s``/``f``)."""
     ends: dict = {}
     for key, fl in flows.items():
         for ph, e in fl.items():
             ends.setdefault((e.get("pid"), e.get("tid")), []).append((float(e["ts"]), key, ph, e.get("bp")))
     bound: dict = {}
     for key, ln in lanes.items():
-        ln.slices.sort(key=lambda s: (s.ts, -s.dur))
-        stack: list = []
-        points = sorted(ends.get(key, []), key=lambda p: p[0])
-        pi = 0
-        for s in ln.slices + [None]:
-            at = s.ts if s is not None else float("inf")
-            while pi < len(points) and points[pi][0] < at:    # a slice starting at a point encloses it
-                ts = points[pi][0]
-                if stack and stack[-1].ts + stack[-1].dur < ts:
-                    stack = [o for o in stack if o.ts + o.dur >= ts]
-                if stack:
-                    bound[(points[pi][1], points[pi][2])] = (key, stack[-1])
-                pi += 1
-            if s is None:
-                break
-            if stack and stack[-1].ts + stack[-1].dur <= s.ts:
-                # Drop every slice that has ended, not only the innermost: profilers' slices do not
-                # always nest exactly (a caller that ends a little before its callee).
-                stack = [o for o in stack if o.ts + o.dur > s.ts]
-            s.depth = min(stack[-1].depth + 1 if stack else 0, _MAX_DEPTH)
-            stack.append(s)
-        # Points that no slice encloses bind to the next slice that starts after them.
-        starts = [s.ts for s in ln.slices]
-        for ts, fkey, ph, _bp in points:
-            if (fkey, ph) not in bound:
-                i = bisect.bisect_left(starts, ts)
-                if i < len(ln.slices):
-                    bound[(fkey, ph)] = (key, ln.slices[i])
+        _sweep(key, ln, sorted(ends.get(key, []), key=lambda p: p[0]), bound)
+    return bound
 
-    # Layout: processes by sort index, their lanes by sort index.
+
+def _sweep(key: tuple, ln: _Lane, points: list, bound: dict) -> None:
+    """Nest the slices of one lane and bind the flow ends on it to the deepest slice around each."""
+    ln.slices.sort(key=lambda s: (s.ts, -s.dur))
+    stack: list = []
+    pi = 0
+    for s in ln.slices + [None]:
+        at = s.ts if s is not None else float("inf")
+        while pi < len(points) and points[pi][0] < at:    # a slice starting at a point encloses it
+            ts = points[pi][0]
+            if stack and stack[-1].ts + stack[-1].dur < ts:
+                stack = [o for o in stack if o.ts + o.dur >= ts]
+            if stack:
+                bound[(points[pi][1], points[pi][2])] = (key, stack[-1])
+            pi += 1
+        if s is None:
+            break
+        if stack and stack[-1].ts + stack[-1].dur <= s.ts:
+            # Drop every slice that has ended, not only the innermost: profilers' slices do not
+            # always nest exactly (a caller that ends a little before its callee).
+            stack = [o for o in stack if o.ts + o.dur > s.ts]
+        s.depth = min(stack[-1].depth + 1 if stack else 0, _MAX_DEPTH)
+        stack.append(s)
+    # Points that no slice encloses bind to the next slice that starts after them.
+    starts = [s.ts for s in ln.slices]
+    for ts, fkey, ph, _bp in points:
+        if (fkey, ph) not in bound:
+            i = bisect.bisect_left(starts, ts)
+            if i < len(ln.slices):
+                bound[(fkey, ph)] = (key, ln.slices[i])
+
+
+def _processes(lanes: dict, meta: _Meta) -> list:
+    """``(heading, lanes)`` of each process with slices, processes and lanes in their sort order."""
     procs: dict = {}
-    for key, ln in lanes.items():
+    for ln in lanes.values():
         if ln.slices:
             procs.setdefault(ln.pid, []).append(ln)
-    order = sorted(procs, key=lambda p: (_sort_key(proc_sort.get(p, p if isinstance(p, (int, float)) else 1 << 62)),
-                                         _sort_key(p)))
+    order = sorted(procs, key=lambda p: (
+        _sort_key(meta.proc_sort.get(p, p if isinstance(p, (int, float)) else 1 << 62)), _sort_key(p)))
+    out = []
+    for pid in order:
+        pname = meta.proc_names.get(pid, "")
+        heading = f"{pname} (pid {pid})" if pname and pname != str(pid) else f"process {pid}"
+        out.append((heading, sorted(procs[pid], key=lambda ln: (_sort_key(ln.sort), _sort_key(ln.tid)))))
+    return out
+
+
+def _draw_lanes(lanes: dict, meta: _Meta, frame: _Frame) -> tuple:
+    """The processes and their lanes of slices: (slices' table, drawing, labels, slices too narrow, height)."""
+    # Sets what the arrows are drawn from: each lane's y and rows, each drawn slice's index.
     table: list = []
     body: list = []
     labels: list = []
     hidden = 0
     y = _AXIS_H + 4
-    for pid in order:
-        pname = proc_names.get(pid, "")
-        heading = f"{pname} (pid {pid})" if pname and pname != str(pid) else f"process {pid}"
+    for heading, proc_lanes in _processes(lanes, meta):
         labels.append(f'<text class="proc" x="6" y="{_f(y + 14)}">{html.escape(heading)}</text>')
-        body.append(f'<line class="procline" x1="0" x2="{width}" y1="{_f(y)}" y2="{_f(y)}"/>')
+        body.append(f'<line class="procline" x1="0" x2="{frame.width}" y1="{_f(y)}" y2="{_f(y)}"/>')
         y += _PROC_H
-        for ln in sorted(procs[pid], key=lambda ln: (_sort_key(ln.sort), _sort_key(ln.tid))):
+        for ln in proc_lanes:
             ln.y = y
-            visible = [s for s in ln.slices if s.ts < end and s.ts + s.dur > start
-                       and min(x_of(s.ts + s.dur), _LABEL_W + plot_w) - max(x_of(s.ts), _LABEL_W) >= _MIN_PX]
-            hidden += sum(1 for s in ln.slices if s.ts < end and s.ts + s.dur > start) - len(visible)
+            in_window = [s for s in ln.slices if s.ts < frame.end and s.ts + s.dur > frame.start]
+            visible = [s for s in in_window if min(frame.x(s.ts + s.dur), _LABEL_W + frame.plot_w)
+                       - max(frame.x(s.ts), _LABEL_W) >= _MIN_PX]
+            hidden += len(in_window) - len(visible)
             # Rows of the nesting levels drawn in the window, without the empty ones between.
-            used = sorted({s.depth for s in visible})
-            ln.rows = {d: r for r, d in enumerate(used)}
-            ln.used = used
-            depth = max(len(used), 1)
+            ln.used = sorted({s.depth for s in visible})
+            ln.rows = {d: r for r, d in enumerate(ln.used)}
+            depth = max(len(ln.used), 1)
             labels.append(f'<text class="lane" x="16" y="{_f(y + 12)}">{html.escape(ln.name)}</text>')
-            body.append(f'<rect class="laneband" x="{_LABEL_W}" y="{_f(y)}" width="{plot_w}" '
+            body.append(f'<rect class="laneband" x="{_LABEL_W}" y="{_f(y)}" width="{frame.plot_w}" '
                         f'height="{depth * _ROW_H}"/>')
             for s in visible:
-                x0 = max(x_of(s.ts), _LABEL_W)
-                x1 = min(x_of(s.ts + s.dur), _LABEL_W + plot_w)
-                w = x1 - x0
                 s.index = len(table)
-                table.append([s.name, round((s.ts - origin) / 1e3, 6), round(s.dur, 3), f"{heading} / {ln.name}",
-                              s.cat, s.args if isinstance(s.args, dict) else {}])
-                sy = y + ln.rows[s.depth] * _ROW_H
-                body.append(f'<g class="sl" data-i="{s.index}"><rect x="{_f(x0)}" y="{_f(sy + 0.5)}" width="{_f(w)}" '
-                            f'height="{_ROW_H - 1}" fill="hsl({_hue(s.name)},52%,72%)"/>')
-                chars = int((w - 4) / 6.2)
-                if chars >= 3:
-                    text = s.name if len(s.name) <= chars else s.name[:chars - 1] + "\u2026"
-                    body.append(f'<text x="{_f(x0 + 2)}" y="{_f(sy + 11)}">{html.escape(text)}</text>')
-                body.append("</g>")
+                table.append([s.name, round((s.ts - frame.origin) / 1e3, 6), round(s.dur, 3),
+                              f"{heading} / {ln.name}", s.cat, s.args if isinstance(s.args, dict) else {}])
+                body.append(_draw_slice(s, y + ln.rows[s.depth] * _ROW_H, frame))
             y += depth * _ROW_H + _LANE_GAP
-    height = y + 8
+    return table, body, labels, hidden, y + 8
 
-    # Flow arrows between drawn slices.
+
+def _draw_slice(s: _Slice, sy: float, frame: _Frame) -> str:
+    """One slice at row top ``sy``: its box, cut to the window, and its name if it fits."""
+    x0 = max(frame.x(s.ts), _LABEL_W)
+    x1 = min(frame.x(s.ts + s.dur), _LABEL_W + frame.plot_w)
+    w = x1 - x0
+    out = (f'<g class="sl" data-i="{s.index}"><rect x="{_f(x0)}" y="{_f(sy + 0.5)}" width="{_f(w)}" '
+           f'height="{_ROW_H - 1}" fill="hsl({_hue(s.name)},52%,72%)"/>')
+    chars = int((w - 4) / 6.2)
+    if chars >= 3:
+        text = s.name if len(s.name) <= chars else s.name[:chars - 1] + "\u2026"
+        out += f'<text x="{_f(x0 + 2)}" y="{_f(sy + 11)}">{html.escape(text)}</text>'
+    return out + "</g>"
+
+
+def _draw_flows(flows: dict, bound: dict, lanes: dict, frame: _Frame, flow_cats: Optional[set]) -> list:
+    """The flow arrows whose ends are both in the window and bound to drawn lanes."""
     arrows: list = []
-    n_flows = 0
     for key, fl in flows.items():
         if flow_cats is not None and key[0] not in flow_cats:
             continue
@@ -299,10 +363,10 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
         if not src or not dst:
             continue
         ts_s, ts_f = float(fl["s"]["ts"]), float(fl["f"]["ts"])
-        if not (start <= ts_s <= end and start <= ts_f <= end):
+        if not (frame.start <= ts_s <= frame.end and frame.start <= ts_f <= frame.end):
             continue
         (skey, ss), (dkey, ds) = src, dst
-        x1, x2 = x_of(ts_s), x_of(ts_f)
+        x1, x2 = frame.x(ts_s), frame.x(ts_f)
         y1 = lanes[skey].y + _row(lanes[skey], ss.depth) * _ROW_H + _ROW_H - 1
         y2 = lanes[dkey].y + _row(lanes[dkey], ds.depth) * _ROW_H + 0.5
         if y2 < y1:     # pointing up: leave from the top of the source, arrive at the bottom
@@ -314,46 +378,64 @@ def render_html(events: Sequence[dict], *, title: str = "trace", window_ms: Opti
         arrows.append(f'<path class="flow" data-cat="{cat}" data-a="{ss.index}" data-b="{ds.index}" '
                       f'd="M{_f(x1)},{_f(y1)} C{_f(x1)},{_f(y1 + sign * bend)} {_f(x2)},{_f(y2 - sign * bend)} '
                       f'{_f(x2)},{_f(y2)}"/>')
-        n_flows += 1
+    return arrows
 
+
+def _draw_axis(frame: _Frame, height: float) -> str:
+    """The time axis: round ticks in milliseconds from the trace's first event, lines down the page."""
     ticks: list = []
-    span_ms = (end - start) / 1e3
-    step_ms = _nice_step(span_ms, max(plot_w // 110, 2))
+    origin, start, end = frame.origin, frame.start, frame.end
+    step_ms = _nice_step((end - start) / 1e3, max(frame.plot_w // 110, 2))
     first = (int(((start - origin) / 1e3) / step_ms) + 1) * step_ms
     t = first - step_ms
     while t <= (end - origin) / 1e3 + 1e-9:
         if t >= (start - origin) / 1e3 - 1e-9:
-            px = x_of(origin + t * 1e3)
+            px = frame.x(origin + t * 1e3)
             xx = _f(px)
-            anchor = "end" if px > width - 40 else "middle"
+            anchor = "end" if px > frame.width - 40 else "middle"
             ticks.append(f'<line class="tickline" x1="{xx}" x2="{xx}" y1="{_AXIS_H - 6}" y2="{height}"/>'
                          f'<text class="tick" x="{xx}" y="{_AXIS_H - 9}" text-anchor="{anchor}">{t:.6g} ms</text>')
         t += step_ms
+    return "".join(ticks)
 
+
+def _svg(frame: _Frame, height: float, axis: str, body: list, labels: list, arrows: list) -> str:
+    """The drawing: the axis and lanes, the labels' column over them, then the flow arrows on top."""
+    return (f'<svg class="trace" width="{frame.width}" height="{_f(height)}">'
+            + axis + "".join(body)
+            + f'<rect class="labelbg" x="0" y="0" width="{_LABEL_W - 4}" height="{_f(height)}"/>'
+            + "".join(labels)
+            + '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+              'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" class="arrowhead"/></marker></defs>'
+            + '<g class="flows">' + "".join(arrows) + "</g></svg>")
+
+
+def _summary(label: str, frame: _Frame, lanes: dict, drawn: int, hidden: int, n_flows: int, flows: dict,
+             counts: dict) -> str:
+    """The line under the heading: the window, and what is drawn and what is not (HTML)."""
+    origin, start, end = frame.origin, frame.start, frame.end
     cats = sorted({str(k[0]) for k in flows})
     notes = [f"{sum(len(ln.slices) for ln in lanes.values()):,} slices in the trace, "
-             f"{len(table):,} drawn in this window"]
+             f"{drawn:,} drawn in this window"]
     if hidden:
         notes.append(f"{hidden:,} under half a pixel wide left out (narrow the window to see them)")
     notes.append(f"{n_flows:,} flow arrows" + (f" ({', '.join(html.escape(c) for c in cats)})" if cats else ""))
     if counts["instant"] or counts["counter"]:
         notes.append(f"{counts['instant']:,} instant and {counts['counter']:,} counter events not drawn")
-    payload = json.dumps({"slices": table}, separators=(",", ":"), default=str).replace("</", "<\\/")
-    svg = (f'<svg class="trace" width="{width}" height="{_f(height)}">'
-           + "".join(ticks) + "".join(body)
-           + f'<rect class="labelbg" x="0" y="0" width="{_LABEL_W - 4}" height="{_f(height)}"/>'
-           + "".join(labels)
-           + '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" class="arrowhead"/></marker></defs>'
-           + '<g class="flows">' + "".join(arrows) + "</g></svg>")
-    title_text = html.escape(title)
     window_text = (f"{label}: {(start - origin) / 1e3:.6g} ms to {(end - origin) / 1e3:.6g} ms from the "
                    f"trace's first event ({_fmt_us(end - start)})")
+    return f"{html.escape(window_text)}. " + "; ".join(notes) + ". "
+
+
+def _page(title: str, summary: str, svg: str, table: list) -> str:
+    """The page around the drawing: heading, summary, the hover box, the slices' data and the script."""
+    payload = json.dumps({"slices": table}, separators=(",", ":"), default=str).replace("</", "<\\/")
+    title_text = html.escape(title)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>{title_text}: timeline</title><style>{_STYLE}</style></head><body>"
         f"<h1>Trace timeline: {title_text}</h1>"
-        f'<p class="muted">{html.escape(window_text)}. ' + "; ".join(notes) + ". "
+        f'<p class="muted">{summary}'
         "Hover a slice for its details; click it to highlight its flows.</p>"
         + svg + '<div id="info"></div>'
         f'<script type="application/json" id="traceviz-data">{payload}</script>'
