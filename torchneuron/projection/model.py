@@ -512,6 +512,27 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     }
 
 
+def extrapolate_layers(t1: Dict[str, Any], t2: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
+    """Combine :func:`step_time` results of 1- and 2-layer counts into the ``n_layers`` result."""
+    n = n_layers - 1
+
+    def ext(a: float, b: float) -> float:
+        return a + n * (b - a)
+
+    out = dict(t2)
+    keys = set(t1["breakdown"]) | set(t2["breakdown"])
+    out["breakdown"] = {k: ext(t1["breakdown"].get(k, 0.0), t2["breakdown"].get(k, 0.0)) for k in keys}
+    out["step_s"] = sum(out["breakdown"].values())
+    for k in ("flops_per_step", "matmul_flops_per_step"):
+        out[k] = ext(t1[k], t2[k])
+    mem = dict(t2["memory"])
+    mem["activations"] = ext(t1["memory"]["activations"], t2["memory"]["activations"])
+    mem["per_device_bytes"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
+    mem["fits"] = mem["per_device_bytes"] <= mem["capacity_bytes"]
+    out["memory"] = mem
+    return out
+
+
 def _main_dtype(steps: Sequence[C.StepCounts]) -> str:
     by: Dict[str, float] = {}
     for s in steps:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from torchneuron.projection.counting import CountingMode, StepCounts
-from torchneuron.projection.model import ModelHints, Parallelism, _val, get_target, step_time
+from torchneuron.projection.model import ModelHints, Parallelism, _val, extrapolate_layers, get_target, step_time
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
 
 logger = logging.getLogger("torchneuron")
@@ -57,8 +57,6 @@ def project_serving(model: Any, targets: Sequence[str], batch: int = 1, prompt: 
     """
     if attention not in ("fused", "unfused"):
         raise ValueError(f"attention must be 'fused' or 'unfused', got {attention!r}")
-    from torchneuron.projection.validation import extrapolate_layers
-
     cfg = LLAMA_CONFIGS[model] if isinstance(model, str) else model
     cache = prompt + generate // 2
     hints = ModelHints(params=cfg.num_params(), param_bytes=2, layers=cfg.n_layers, hidden=cfg.dim, master_bytes=0)
@@ -205,8 +203,6 @@ def project_step(cfg: LlamaConfig, groups: tuple, sampled: int, target: Any, tp:
                  dtype: torch.dtype = torch.bfloat16, exact: bool = False) -> Dict[str, Any]:
     """Project one engine step on ``target`` with ``tp`` devices per model replica: :func:`step_time`'s
     result for :func:`count_step`'s counts, from counts of 1 and 2 layers unless ``exact``."""
-    from torchneuron.projection.validation import extrapolate_layers
-
     nbytes = torch.empty((), dtype=dtype).element_size()
     hints = ModelHints(params=cfg.num_params(), param_bytes=nbytes, layers=cfg.n_layers, hidden=cfg.dim,
                        act_bytes=nbytes, master_bytes=0)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from torchneuron.projection.counting import CountingMode, StepCounts
-from torchneuron.projection.model import ModelHints, Parallelism, get_target, step_time
+from torchneuron.projection.model import ModelHints, Parallelism, extrapolate_layers, get_target, step_time
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
+from torchneuron.projection.serving import project_serving
 
 logger = logging.getLogger("torchneuron")
 
@@ -220,27 +221,6 @@ def layer_extrapolated_step_time(cfg: LlamaConfig, microbatch: int, seq: int, ta
     return extrapolate_layers(t1, t2, cfg.n_layers)
 
 
-def extrapolate_layers(t1: Dict[str, Any], t2: Dict[str, Any], n_layers: int) -> Dict[str, Any]:
-    """Combine :func:`step_time` results of 1- and 2-layer counts into the ``n_layers`` result."""
-    n = n_layers - 1
-
-    def ext(a: float, b: float) -> float:
-        return a + n * (b - a)
-
-    out = dict(t2)
-    keys = set(t1["breakdown"]) | set(t2["breakdown"])
-    out["breakdown"] = {k: ext(t1["breakdown"].get(k, 0.0), t2["breakdown"].get(k, 0.0)) for k in keys}
-    out["step_s"] = sum(out["breakdown"].values())
-    for k in ("flops_per_step", "matmul_flops_per_step"):
-        out[k] = ext(t1[k], t2[k])
-    mem = dict(t2["memory"])
-    mem["activations"] = ext(t1["memory"]["activations"], t2["memory"]["activations"])
-    mem["per_device_bytes"] = mem["weights"] + mem["gradients"] + mem["optimizer"] + mem["activations"]
-    mem["fits"] = mem["per_device_bytes"] <= mem["capacity_bytes"]
-    out["memory"] = mem
-    return out
-
-
 def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[str, Any]:
     """Project one row; returns the projected value, the error and the step breakdown.
 
@@ -251,8 +231,6 @@ def project_row(row: Row, mode: str = "compiled", exact: bool = False) -> Dict[s
     """
     cfg = LLAMA_CONFIGS[row.model] if isinstance(row.model, str) else row.model
     if row.metric in ("tpot_ms", "ttft_ms"):
-        from torchneuron.projection.serving import project_serving
-
         (s,) = project_serving(cfg, [row.target], batch=row.microbatch, prompt=row.prompt, generate=row.generate,
                                tp=row.tp, mode=mode, exact=exact, attention=row.attention)
         seconds = s["decode_s_per_token"] if row.metric == "tpot_ms" else s["prefill_s"]
