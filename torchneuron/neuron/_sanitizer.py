@@ -1,9 +1,16 @@
 """The neuron stream sanitizer: finds the synchronization bugs a device running asynchronously would expose.
 
-The emulated NeuronCore finishes every kernel and copy before control returns,
-so a program that forgets a synchronization gives correct results here and
-wrong ones on an accelerator that runs asynchronously from the host. The
-sanitizer follows the program as such a device would run it, and reports:
+By default the emulated NeuronCore finishes every kernel and copy before control
+returns, so a program that forgets a synchronization gives correct results here
+and wrong ones on an accelerator that runs asynchronously from the host. With
+asynchronous streams (``TORCHNEURON_ASYNC=1``; strict mode implies it) each
+stream's kernels run on its worker thread while the host goes on, and such a
+program gives wrong results (or an error) here too, when the race goes the
+wrong way and without saying where. What the sanitizer reports does not depend
+on the mode: its dispatch mode sees each operator on the host thread that
+launches it, and it follows the order the program asks for (streams, events,
+synchronizations), not the order the kernels ran in, so it reports the same
+bugs in both modes, every time:
 
 * **unsynchronized access**: a kernel on one stream reads or writes a tensor
   that a kernel on another stream wrote (or, for a write, read) with nothing
