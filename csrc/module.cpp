@@ -131,6 +131,14 @@ PyObject* launchKernelPy(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (name == nullptr) return nullptr;
   const auto index = static_cast<c10::DeviceIndex>(PyLong_AsLong(args[1]));
   checkDevice(index);
+  KernelArguments arguments;  // strict mode: the kernel reaches the memory of its tensor arguments
+  if (rt::strictMode()) {
+    for (Py_ssize_t i = 3; i < nargs; ++i)
+      if (THPVariable_Check(args[i])) {
+        const auto& t = THPVariable_Unpack(args[i]);
+        if (t.device().type() == kNeuron && t.has_storage()) arguments.add(t.storage());
+      }
+  }
   PyObject* result = nullptr;
   launch(index, {rt::ActivityKind::Kernel, name},
          [&] { result = PyObject_Vectorcall(args[2], args + 3, static_cast<size_t>(nargs - 3), nullptr); });

@@ -63,6 +63,54 @@ def test_a_host_write_on_another_device_is_caught_too():
     assert "the host accessed neuron:1 device memory" in proc.stderr
 
 
+# A read of `x` while a side stream is busy: with a sleep (no memory), or with a matmul over other
+# tensors that is running at the time of the read.
+READ_WHILE_BUSY = """
+    import ctypes, time
+    import torch, torchneuron
+    x = torch.arange(262144.0, device="neuron")  # 1 MiB: memory of its own
+    y = torch.randn(2048, 2048, device="neuron")
+    torch.neuron.synchronize()
+    side = torch.neuron.Stream()
+    with torch.neuron.stream(side):
+        {busy}
+    time.sleep(0.05)  # the side stream's worker has begun it
+    print("busy", side.query() is False, flush=True)
+    value = ctypes.c_float.from_address(x.data_ptr() + 4).value   # data_ptr() arithmetic
+    print("read", value, flush=True)
+"""
+
+
+@pytest.mark.parametrize("busy", ["torch.neuron._sleep(3_000_000_000)",
+                                  "z = sum(y @ y for _ in range(8))"], ids=["sleep", "matmul"])
+def test_a_stray_read_faults_while_a_side_stream_runs_other_work(busy):
+    """A window opens only its own launch's memory: x is out of reach while other work runs."""
+    proc = run(READ_WHILE_BUSY.format(busy=busy))
+    assert proc.returncode == -11, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "busy True" in proc.stdout and "read" not in proc.stdout.replace("busy", "")
+    assert "the host accessed neuron:0 device memory" in proc.stderr
+    assert 'File "<string>", line 12' in proc.stderr  # the Python line of the read
+
+
+def test_a_kernel_reaches_its_own_memory_while_another_stream_runs():
+    """Work on two streams at once: each opens only its arguments, and each sees them."""
+    proc = run("""
+        import torch, torchneuron
+        a = torch.randn(512, 512, device="neuron")
+        side = torch.neuron.Stream()
+        with torch.neuron.stream(side):
+            torch.neuron._sleep(200_000_000)
+            b = a @ a
+        c = (a * 2).sum(0)
+        torch.neuron.synchronize()
+        torch.testing.assert_close(b.cpu(), a.cpu() @ a.cpu())
+        torch.testing.assert_close(c.cpu(), (a.cpu() * 2).sum(0))
+        print("ok")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok" in proc.stdout
+
+
 def test_programs_that_use_the_runtime_run_unchanged_in_strict_mode(tmp_path):
     proc = run(f"""
         import torch, torchneuron

@@ -14,8 +14,7 @@
 namespace torchneuron {
 namespace {
 
-// Moves the buffer of a CPU storage into device memory of `device`. The
-// storage is left empty; its bytes now belong to the returned DataPtr.
+// Copies the buffer of a CPU storage into new device memory of `device`; the storage keeps its own.
 c10::DataPtr copyHostBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   c10::DataPtr fresh = allocateOn(device, nbytes);
@@ -30,12 +29,34 @@ c10::DataPtr takeHostBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) 
   const bool owned = current.get_context() != nullptr && !c10::impl::cow::is_cow_data_ptr(current);
   // Not ours to take, or strict or asynchronous mode (where device memory is only the runtime's,
   // and queued work may refer to a block after the host frees it): copy instead.
-  if (!owned || rt::asyncMode()) return copyHostBuffer(storage, device);
+  if (!owned || rt::asyncMode() || rt::strictMode()) return copyHostBuffer(storage, device);
   c10::DataPtr host = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   return deviceBlockFromHostBuffer(std::move(host), nbytes, device);
 }
 
 }  // namespace
+
+// ---- the device memory a kernel reaches ----------------------------------------------------------
+
+namespace {
+thread_local KernelArguments* t_arguments = nullptr;
+
+// A host view of `neuron`'s memory is being made: strict mode opens that memory for the launch it
+// is made in, else for the launch it is gathered for.
+void reached(const at::Tensor& neuron) {
+  if (!rt::strictMode()) return;
+  const auto& storage = neuron.storage();
+  rt::deviceAccessAdd(storage.data(), storage.nbytes());
+  if (t_arguments != nullptr) t_arguments->add(storage);
+}
+}  // namespace
+
+KernelArguments::KernelArguments() : previous_(t_arguments) { t_arguments = this; }
+KernelArguments::~KernelArguments() { t_arguments = previous_; }
+KernelArguments* KernelArguments::current() { return t_arguments; }
+void KernelArguments::add(const c10::Storage& neuron) {
+  if (rt::strictMode() && neuron.nbytes() > 0) ranges_.push_back({neuron.data(), neuron.nbytes()});
+}
 
 at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
   auto out = at::detail::make_tensor<c10::TensorImpl>(
@@ -64,10 +85,12 @@ void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
 }
 
 at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
+  reached(neuron);
   return tensorOver(cpu_storage, c10::DispatchKey::CPU, neuron);
 }
 
 at::Tensor hostView(const at::Tensor& neuron) {
+  reached(neuron);
   at::Tensor* empty_slot = nullptr;
   for (auto& slot : alias_pool) {
     if (!slot.defined()) {
@@ -88,23 +111,26 @@ at::Tensor hostView(const at::Tensor& neuron) {
 }
 
 c10::Storage hostStorageOf(const at::Tensor& neuron) {
+  reached(neuron);
   const auto& storage = neuron.storage();
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
       c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)), nullptr, /*resizable=*/false));
 }
 
-at::Tensor hostViewHolding(const at::Tensor& neuron) {
+at::Tensor hostViewHolding(const at::Tensor& neuron, bool open) {
   TORCH_CHECK(neuron.device().type() == kNeuron, "expected a neuron tensor, got one on ", neuron.device());
   const auto& storage = neuron.storage();
-  // The CPU storage keeps the device storage alive for as long as it lives, and in strict mode
-  // an access window open: whoever holds the view (gloo's threads, through sockets too) may
-  // touch the memory until they let it go.
+  // The CPU storage keeps the device storage alive for as long as it lives, and (`open`, in
+  // strict mode) that memory reachable: whoever holds the view (gloo's threads, through sockets
+  // too) may touch it until they let it go.
   struct Held {
     c10::Storage storage;
-    rt::DeviceAccess access;
+    std::optional<rt::HeldDeviceAccess> access;
   };
-  auto* keep = new Held{storage, {}};
+  auto* keep = new Held{storage, std::nullopt};
+  if (open) keep->access.emplace(storage.data(), storage.nbytes());
+  else reached(neuron);
   c10::DataPtr ptr(const_cast<void*>(storage.data()), keep,
                    [](void* ctx) { delete static_cast<Held*>(ctx); }, c10::Device(c10::kCPU));
   auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),

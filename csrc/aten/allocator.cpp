@@ -177,6 +177,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       failWithSnapshot(e, device);
     }
     traceBlock(block->ptr, true);
+    rt::deviceAccessAdd(block->ptr, nbytes);  // strict mode: a block handed out inside a launch is its
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
 

@@ -475,6 +475,7 @@ void DeferredKernel::operator()() {
 
 bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& standins, Deferred* out,
              bool keep_meta) {
+  KernelArguments arguments;  // the memory of the host views made below: the kernel's
   const auto& schema = op.schema();
   // Without a CPU kernel (GPU-only ops), the synchronous path says so at the op.
   if (!queueable(schema) || !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
@@ -564,6 +565,7 @@ bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& 
       [](c10::Device, const c10::Argument&) {});
   out->device = deferral.device();
   out->inference = c10::InferenceMode::is_enabled();
+  kernel.memory = arguments.take();
   stack->erase(first, stack->end());
   for (auto& r : results) stack->push_back(std::move(r));
   return true;
@@ -573,7 +575,9 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   OpStandIns standins;
   Deferred deferred{DeferredKernel{op, {}, {}}, -1, false, {}, {}};
   if (!deferOp(op, stack, standins, &deferred, false)) return false;
-  enqueue(deferred.device, {rt::ActivityKind::Kernel, kernelName(op.schema().name())}, std::move(deferred.kernel));
+  const auto memory = deferred.kernel.memory;
+  enqueue(deferred.device, withRanges({rt::ActivityKind::Kernel, kernelName(op.schema().name())}, memory),
+          std::move(deferred.kernel));
   return true;
 }
 

@@ -46,6 +46,7 @@ struct DeferredKernel {
   // Per result: its host view, and whether it is an argument or a view of one (nothing to fill; the
   // CPU kernel's result must be that memory too).
   c10::SmallVector<std::pair<at::Tensor, bool>, 2> results;
+  std::vector<rt::MemoryRange> memory;  // strict mode: the device memory of its arguments and results
 
   void operator()();
 };

@@ -165,6 +165,11 @@ class Call {
   // A CPU nested tensor over the memory of a neuron one (same nested sizes, strides and offsets).
   static at::Tensor nestedHostView(const at::Tensor& t) {
     const auto* nt = at::native::get_nested_tensor_impl(t);
+    // Strict mode: the kernel reads the nested metadata too, which may be device memory (a nested
+    // result's, made by a CPU kernel from the device's cache).
+    if (auto* arguments = KernelArguments::current())
+      for (const auto* m : {&nt->get_nested_sizes(), &nt->get_nested_strides(), &nt->get_storage_offsets()})
+        if (m->defined()) arguments->add(m->storage());
     return at::detail::make_tensor<at::native::NestedTensorImpl>(
         hostView(nt->get_unsafe_storage_as_tensor()), nt->get_nested_sizes(), nt->get_nested_strides(),
         nt->get_storage_offsets());
@@ -257,6 +262,7 @@ class Call {
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   if (fusedRecording() && recordOp(op, stack)) return;       // recorded into the fused group; results allocated
   if (rt::asyncMode() && !rt::insideKernel() && enqueueOp(op, stack)) return;  // queued; results allocated
+  KernelArguments arguments;  // strict mode: the memory of the host views made for the CPU kernel
   Call call(op);
   call.convertArguments(stack);
   {

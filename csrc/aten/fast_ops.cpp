@@ -90,6 +90,7 @@ template <class Op, class... Args>
 struct Fast<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     if (fusedRecording()) return throughFallback<Op, at::Tensor, Args...>(args...);
+    KernelArguments arguments;  // strict mode: the memory of the host views made here
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
@@ -146,6 +147,7 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
   static_assert((std::is_same_v<Outs, at::Tensor> && ...), "only ops returning tensors");
   static std::tuple<Outs...> call(Args... args) {
     if (fusedRecording()) return throughFallback<Op, std::tuple<Outs...>, Args...>(args...);
+    KernelArguments arguments;  // strict mode: the memory of the host views made here
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
@@ -164,6 +166,7 @@ struct Fast<Op, at::Tensor&(Args...)> {
       throughFallback<Op, at::Tensor, Args...>(args...);
       return out;
     }
+    KernelArguments arguments;  // strict mode: the memory of the host views made here
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);

@@ -499,7 +499,8 @@ void runGroup(State& st, Group& g, const char* reason) {
     const char* name = kernelName(op.kernel.op.schema().name());
     try {
       c10::InferenceMode mode(op.inference);  // as when it was recorded
-      enqueue(op.device, {rt::ActivityKind::Kernel, name}, std::move(op.kernel));
+      const auto memory = op.kernel.memory;
+      enqueue(op.device, withRanges({rt::ActivityKind::Kernel, name}, memory), std::move(op.kernel));
     } catch (c10::Error& e) {
       e.add_context(std::string("fused eager: the error comes from ") + name + ", recorded earlier" +
                     (g.where().empty() ? std::string() : " in the group that began at " + g.where()) +

@@ -149,6 +149,13 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
     stats.device_to_host_copies++;
   }
   const bool queued = queueCopy(self, dst, from_device, to_device, non_blocking);
+  // Strict mode: the copy reaches the memory of the views made here, and a CPU side's own (a CPU
+  // kernel's result may be device memory from the caching allocator: quantized.cpp's parameters).
+  KernelArguments arguments;
+  if (rt::strictMode()) {
+    if (!from_device) arguments.add(self.storage());
+    if (!to_device) arguments.add(dst.storage());
+  }
   // Source and destination on one device storage share one CPU storage, so
   // that PyTorch's overlap checks see them as the CPU would. A queued copy's
   // views own nothing, on either side: the device memory is referred to by

@@ -75,7 +75,12 @@ void launchHostCode(int64_t device, int64_t body, int64_t context) {
   torchneuron::checkDevice(index);
   auto* fn = reinterpret_cast<void (*)(void*)>(static_cast<uintptr_t>(body));
   auto* arg = reinterpret_cast<void*>(static_cast<uintptr_t>(context));
-  torchneuron::launch(index, {torchneuron::rt::ActivityKind::Kernel, kHostCodeName}, [&] { fn(arg); });
+  torchneuron::launch(index, {torchneuron::rt::ActivityKind::Kernel, kHostCodeName}, [&] {
+    // Strict mode: such code addresses any of the device's memory, through pointers the runtime is
+    // not told of, so all of it is open while it runs.
+    torchneuron::rt::deviceAccessAddDevice(index);
+    fn(arg);
+  });
 }
 }  // namespace
 

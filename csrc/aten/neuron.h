@@ -54,6 +54,46 @@ inline const char* kernelName(const char* op_name) {
   return op_name;
 }
 inline const char* kernelName(const std::string& op_name) { return kernelName(op_name.c_str()); }
+// The device memory of a kernel's arguments, which strict mode opens for its launch alone
+// (rt::LaunchInfo::ranges). While a KernelArguments lives on a thread, each host view made there
+// (hostView, hostViewSharing, hostStorageOf: alias.cpp) adds its device storage to it, and launch()
+// and enqueue() there launch with it, unless given ranges of their own. Inside a running launch,
+// a host view (and a block the allocator hands out) joins that launch's window at once. Scopes nest;
+// outside strict mode they cost a thread-local pointer and gather nothing.
+class KernelArguments {
+ public:
+  KernelArguments();
+  ~KernelArguments();
+  KernelArguments(const KernelArguments&) = delete;
+  KernelArguments& operator=(const KernelArguments&) = delete;
+  static KernelArguments* current();  // this thread's innermost, or none
+  void add(const c10::Storage& neuron);
+  // What was gathered, for work launched later than the scope lives (a deferred op's kernel).
+  std::vector<rt::MemoryRange> take() { return std::move(ranges_); }
+  // `info`, launched with this scope's memory.
+  rt::LaunchInfo with(rt::LaunchInfo info) const {
+    info.ranges = ranges_.data();
+    info.range_count = ranges_.size();
+    return info;
+  }
+
+ private:
+  std::vector<rt::MemoryRange> ranges_;
+  KernelArguments* previous_;
+};
+// `info` with the memory of this thread's innermost KernelArguments when it names none itself.
+inline rt::LaunchInfo withArguments(const rt::LaunchInfo& info) {
+  if (info.range_count != 0 || !rt::strictMode()) return info;
+  const KernelArguments* arguments = KernelArguments::current();
+  return arguments != nullptr ? arguments->with(info) : info;
+}
+// `info` launched with `ranges` (which must outlive the launch call).
+inline rt::LaunchInfo withRanges(rt::LaunchInfo info, const std::vector<rt::MemoryRange>& ranges) {
+  info.ranges = ranges.data();
+  info.range_count = ranges.size();
+  return info;
+}
+
 // Runs `body` (a kernel's host code: a CPU kernel over device memory, a copy, a
 // collective) as work of `device`'s current stream through the runtime
 // (rt::launchKernel), and returns what `body` returns. Exceptions pass through.
@@ -62,7 +102,7 @@ decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& b
   using R = decltype(body());
   if constexpr (std::is_void_v<R>) {
     auto trampoline = [](void* p) { (*static_cast<std::remove_reference_t<F>*>(p))(); };
-    const auto status = rt::launchKernel(device, currentStream(device).id(), trampoline, &body, info);
+    const auto status = rt::launchKernel(device, currentStream(device).id(), trampoline, &body, withArguments(info));
     if (status != rt::Status::Success) failLaunch(status, device, info.name);
   } else if constexpr (std::is_reference_v<R>) {
     std::remove_reference_t<R>* result = nullptr;
@@ -113,7 +153,7 @@ void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
   auto* arg = new Body(std::move(body));
   const auto status = rt::enqueueKernel(
       device, currentStream(device).id(), [](void* p) { (*static_cast<Body*>(p))(); }, arg,
-      [](void* p) { delete static_cast<Body*>(p); }, info);
+      [](void* p) { delete static_cast<Body*>(p); }, withArguments(info));
   if (status != rt::Status::Success) failLaunch(status, device, info.name);
 }
 
@@ -274,8 +314,10 @@ at::Tensor hostView(const at::Tensor& neuron);
 // PyTorch's overlap checks see it.
 at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& host_storage);
 // A host view that holds the device memory alive and cannot be resized, for work that keeps it
-// past the call that made it (a collective in flight, inside its access window).
-at::Tensor hostViewHolding(const at::Tensor& neuron);
+// past the call that made it. `open`: in strict mode its memory stays reachable to every thread
+// while the view lives (a collective in flight: gloo's threads reach it); else only inside the
+// launches that reach it (a CPU autograd graph kept between its forward and backward launches).
+at::Tensor hostViewHolding(const at::Tensor& neuron, bool open);
 // A tensor of dispatch key `key` (CPU: a host view; PrivateUse1: a neuron tensor; Meta: a stand-in)
 // over `storage`, with the sizes, strides, offset, dtype and conjugate and negative bits of `like`.
 at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);

@@ -371,6 +371,7 @@ struct HostGraphState : torch::CustomClassHolder {
   size_t num_hidden = 0;
   RnnFn op_by_op;
   std::vector<Tensor> leaves, outputs;  // the CPU graph's
+  std::vector<rt::MemoryRange> memory;  // strict mode: the device memory its forward launch reached
 };
 
 struct HostGraph : torch::autograd::Function<HostGraph> {
@@ -388,7 +389,7 @@ struct HostGraph : torch::autograd::Function<HostGraph> {
       DeviceOutputScope scope(d);
       at::AutoGradMode grad(true);
       for (const auto& t : tensors) {
-        auto leaf = hostViewHolding(t).detach();
+        auto leaf = hostViewHolding(t, /*open=*/false).detach();
         if (t.requires_grad()) leaf.requires_grad_(true);
         state->leaves.push_back(std::move(leaf));
       }
@@ -400,6 +401,7 @@ struct HostGraph : torch::autograd::Function<HostGraph> {
         hostView(copy).copy_(o);
         out.push_back(std::move(copy));
       }
+      state->memory = rt::deviceAccessRanges();  // strict mode: what the backward launch reaches again
       return out;
     });
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
@@ -433,7 +435,7 @@ struct HostGraph : torch::autograd::Function<HostGraph> {
                 " a second time; specify retain_graph=True if you need to backward through it again");
     const bool keep = torch::autograd::get_current_graph_task_keep_graph();
     const auto d = state->device;
-    launch(d, {rt::ActivityKind::Kernel, state->name}, [&] {
+    launch(d, withRanges({rt::ActivityKind::Kernel, state->name}, state->memory), [&] {
       DeviceOutputScope scope(d);
       std::vector<Tensor> os, gs, xs;
       for (size_t i = 0; i < grads.size(); ++i)

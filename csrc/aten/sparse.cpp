@@ -379,6 +379,7 @@ class SparseCall {
 };
 
 void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  KernelArguments arguments;  // strict mode: the memory of the host views made for the CPU kernel
   SparseCall call(op, keys);
   call.convertArguments(stack);
   const auto cpu_keys = call.cpuKeys();

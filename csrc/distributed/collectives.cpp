@@ -62,7 +62,7 @@ class Call {
       rt::deviceSynchronize(index);
       synced_ = index;
     }
-    return hostViewHolding(t);
+    return hostViewHolding(t, /*open=*/true);
   }
 
   std::vector<at::Tensor> host(at::TensorList tensors) {

@@ -1,9 +1,6 @@
 // Emulated NeuronCore: device memory with a capacity, copies, pinned host memory.
 #include "neuron_runtime.h"
-
-#include <signal.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "protection.h"
 
 #include <algorithm>
 #include <atomic>
@@ -69,197 +66,7 @@ Registry& registry() {
 
 bool validDevice(int device) { return device >= 0 && device < deviceCount(); }
 
-// ---- strict mode: device memory in protected arenas -------------------------
-//
-// Each device's memory is a range of one reserved mapping (its capacity, no
-// pages committed up front), carved first fit. Outside access windows the used
-// part of every arena is PROT_NONE; a window makes it readable and writable.
-// A fault inside the mapping outside a window is reported and ends the process.
-
-constexpr size_t kArenaAlignment = 512;
-constexpr size_t kHugePage = size_t(2) << 20;
-
-struct Arena {
-  char* base = nullptr;                 // of device 0; device d starts at base + d * span
-  size_t span = 0;                      // bytes per device, whole pages
-  size_t page = 4096;                   // the granularity of protection and of returning memory
-  std::vector<size_t> extent;           // per device: end of the highest allocation, whole pages
-  std::vector<std::map<size_t, size_t>> free_ranges;  // per device: offset -> size
-  int open = 0;                         // access windows open now
-  std::mutex mutex;
-};
-
-Arena* arena = nullptr;  // set once when strict mode starts
-struct sigaction previous_segv {};
-volatile sig_atomic_t reported = 0;  // a fault in device memory was reported
-
-// The bytes an allocation of `nbytes` takes in an arena.
-size_t arenaSize(size_t nbytes) {
-  return std::max<size_t>((nbytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment, kArenaAlignment);
-}
-
-void onFault(int sig, siginfo_t* info, void* context);
-
-// Hands a fault to the SIGSEGV handler installed before ours; false when there was none to call.
-bool callPreviousHandler(int sig, siginfo_t* info, void* context) {
-  if (previous_segv.sa_flags & SA_SIGINFO) {
-    if (previous_segv.sa_sigaction == nullptr || previous_segv.sa_sigaction == &onFault) return false;
-    previous_segv.sa_sigaction(sig, info, context);
-    return true;
-  }
-  if (previous_segv.sa_handler == SIG_DFL || previous_segv.sa_handler == SIG_IGN ||
-      previous_segv.sa_handler == nullptr)
-    return false;
-  previous_segv.sa_handler(sig);
-  return true;
-}
-
-void protect(Arena& a, int prot) {
-  for (size_t d = 0; d < a.extent.size(); ++d)
-    if (a.extent[d] > 0) ::mprotect(a.base + d * a.span, a.extent[d], prot);
-}
-
-void writeAll(const char* text, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, text, n);
-    if (w <= 0) return;
-    text += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void onFault(int sig, siginfo_t* info, void* context) {
-  const auto* addr = static_cast<const char*>(info->si_addr);
-  if (arena != nullptr && addr >= arena->base && addr < arena->base + arena->span * arena->extent.size()) {
-    const auto device = static_cast<size_t>(addr - arena->base) / arena->span;
-    char message[640];
-    const int n = std::snprintf(
-        message, sizeof(message),
-        "\ntorchneuron strict mode (TORCHNEURON_STRICT=1): the host accessed neuron:%zu device memory "
-        "(address %p) outside a kernel or a runtime copy.\nOn a NeuronCore the host cannot read or write "
-        "device memory directly: reach it through the runtime (an op on the tensor, .cpu(), .item(), "
-        "copy_()), not through data_ptr() arithmetic or a C++ extension that dereferences device "
-        "pointers. The Python stack of the access follows when faulthandler is on (it is, in strict "
-        "mode).\n",
-        device, static_cast<const void*>(addr));
-    if (reported == 0) {
-      reported = 1;
-      if (n > 0) writeAll(message, std::min(static_cast<size_t>(n), sizeof(message) - 1));
-      callPreviousHandler(sig, info, context);  // Python's faulthandler prints the Python stack
-    }
-    ::signal(SIGSEGV, SIG_DFL);  // the access faults again and ends the process
-    return;
-  }
-  // Not device memory: whoever handled SIGSEGV before.
-  if (!callPreviousHandler(sig, info, context)) ::signal(SIGSEGV, SIG_DFL);
-}
-
-Arena* strictArena() {
-  static Arena* a = [] () -> Arena* {
-    const char* env = std::getenv("TORCHNEURON_STRICT");
-    if (env == nullptr || std::string(env) != "1") return nullptr;
-    auto* made = new Arena();  // lives as long as the process
-    // Huge pages: changing the protection of the used range costs per page table entry, and a
-    // 2 MiB page needs one where 512 small pages need 512 (a training step launches hundreds
-    // of kernels, each opening and closing a window).
-    made->page = kHugePage;
-    made->span = (deviceCapacity() + made->page - 1) / made->page * made->page;
-    const size_t n = static_cast<size_t>(std::max(deviceCount(), 1));
-    const size_t bytes = made->span * n + kHugePage;  // room to align the base to a huge page
-    void* mapped = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mapped == MAP_FAILED) {
-      std::fprintf(stderr, "torchneuron: TORCHNEURON_STRICT=1 could not reserve %zu bytes of address space "
-                           "for device memory; strict mode is off\n", bytes);
-      delete made;
-      return nullptr;
-    }
-    const auto aligned = (reinterpret_cast<uintptr_t>(mapped) + kHugePage - 1) / kHugePage * kHugePage;
-    void* base = reinterpret_cast<void*>(aligned);
-    ::madvise(base, made->span * n, MADV_HUGEPAGE);  // a hint: without it small pages work, slower
-    made->base = static_cast<char*>(base);
-    made->extent.assign(n, 0);
-    made->free_ranges.resize(n);
-    for (auto& ranges : made->free_ranges) ranges.emplace(0, made->span);
-    arena = made;
-    return made;
-  }();
-  return a;
-}
-
-void* arenaAllocate(Arena& a, int device, size_t nbytes) {
-  const size_t size = arenaSize(nbytes);
-  std::lock_guard<std::mutex> lock(a.mutex);
-  auto& ranges = a.free_ranges[device];
-  for (auto it = ranges.begin(); it != ranges.end(); ++it) {
-    if (it->second < size) continue;
-    const size_t offset = it->first, left = it->second - size;
-    ranges.erase(it);
-    if (left > 0) ranges.emplace(offset + size, left);
-    const size_t end = (offset + size + a.page - 1) / a.page * a.page;
-    if (end > a.extent[device]) {
-      // New pages join the protected range, open if a window is.
-      if (a.open > 0) ::mprotect(a.base + device * a.span + a.extent[device], end - a.extent[device],
-                                 PROT_READ | PROT_WRITE);
-      a.extent[device] = end;
-    }
-    return a.base + device * a.span + offset;
-  }
-  return nullptr;
-}
-
-void arenaFree(Arena& a, int device, void* ptr, size_t nbytes) {
-  const size_t size = arenaSize(nbytes);
-  const size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - (a.base + device * a.span));
-  std::lock_guard<std::mutex> lock(a.mutex);
-  // Whole pages inside the range go back to the system.
-  const size_t first = (offset + a.page - 1) / a.page * a.page, last = (offset + size) / a.page * a.page;
-  if (last > first) ::madvise(a.base + device * a.span + first, last - first, MADV_DONTNEED);
-  auto& ranges = a.free_ranges[device];
-  auto [it, inserted] = ranges.emplace(offset, size);
-  if (it != ranges.begin()) {  // merge with the range before
-    auto prev = std::prev(it);
-    if (prev->first + prev->second == it->first) {
-      prev->second += it->second;
-      ranges.erase(it);
-      it = prev;
-    }
-  }
-  auto next = std::next(it);
-  if (next != ranges.end() && it->first + it->second == next->first) {
-    it->second += next->second;
-    ranges.erase(next);
-  }
-}
-
 }  // namespace
-
-bool strictMode() { return strictArena() != nullptr; }
-
-void installStrictFaultHandler() {
-  if (arena == nullptr) return;
-  struct sigaction current {};
-  ::sigaction(SIGSEGV, nullptr, &current);
-  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &onFault) return;  // first already
-  struct sigaction action {};
-  action.sa_sigaction = &onFault;
-  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGSEGV, &action, &previous_segv);
-}
-
-void deviceAccessBegin() {
-  Arena* a = strictArena();
-  if (a == nullptr) return;
-  std::lock_guard<std::mutex> lock(a->mutex);
-  if (a->open++ == 0) protect(*a, PROT_READ | PROT_WRITE);
-}
-
-void deviceAccessEnd() {
-  Arena* a = strictArena();
-  if (a == nullptr) return;
-  std::lock_guard<std::mutex> lock(a->mutex);
-  if (--a->open == 0) protect(*a, PROT_NONE);
-}
 
 size_t deviceCapacity() {
   static const size_t capacity =
@@ -288,8 +95,8 @@ Status malloc(int device, void** ptr, size_t nbytes) {
   Status s = reserve(device, nbytes);
   if (s != Status::Success) return s;
   void* p = nullptr;
-  if (Arena* a = strictArena()) {
-    p = arenaAllocate(*a, device, nbytes);
+  if (strictMode()) {
+    p = protectedAllocate(device, nbytes);
     if (p == nullptr) {  // the arena is fragmented beyond its capacity
       release(device, nbytes);
       return Status::OutOfMemory;
@@ -318,7 +125,7 @@ Status free(void* ptr) {
     block = it->second;
     r.device_blocks.erase(it);
   }
-  if (Arena* a = strictArena()) arenaFree(*a, block.first, ptr, block.second);
+  if (strictMode()) protectedFree(block.first, ptr, block.second);
   else std::free(ptr);
   release(block.first, block.second);
   return Status::Success;
@@ -346,7 +153,8 @@ Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind) {
   if (nbytes == 0) return Status::Success;
   if (dst == nullptr || src == nullptr) return Status::InvalidValue;
   if (kind != CopyKind::HostToHost) handOverHeldWork("copy");
-  DeviceAccess access;  // strict mode: a copy may touch device memory
+  const MemoryRange ranges[] = {{dst, nbytes}, {src, nbytes}};
+  DeviceAccess access(ranges, 2);  // strict mode: a copy reaches its own memory
   std::memmove(dst, src, nbytes);
   return Status::Success;
 }

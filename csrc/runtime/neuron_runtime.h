@@ -1,11 +1,19 @@
 // The NeuronCore runtime interface.
 //
 // This is the only surface the PyTorch integration (csrc/aten/) uses to reach a
-// device: device discovery, device memory, copies, streams, events and kernel
-// launch. The default implementation (device.cpp, memory.cpp, stream.cpp) is
-// an emulated NeuronCore whose memory is host memory with a capacity and whose
-// kernels run on the host CPU. A driver for real silicon implements the same
-// functions; nothing above this header changes.
+// device: device discovery, device memory, copies, streams, events, kernel
+// launch, activity records and strict mode's protection. The default
+// implementation is an emulated NeuronCore whose memory is host memory with a
+// capacity and whose kernels run on the host CPU: device.cpp, memory.cpp,
+// protection.cpp (strict mode), stream.cpp and activity.cpp, a library of its
+// own that includes nothing of PyTorch. A driver for real silicon implements
+// the same functions and keeps the same contract, which
+// tests/runtime/test_runtime.cpp checks on the runtime alone
+// (tests/test_runtime_library.py builds and runs it in each mode). Above this
+// header, the emulator's one further assumption, that device memory is
+// host-addressable, is made by csrc/aten/alias.cpp (host views), allocator.cpp
+// (CPU kernels' buffers served from device memory) and torch.compile's C++
+// kernels, which read device memory directly (docs/runtime.md).
 #pragma once
 
 #include <atomic>
@@ -52,27 +60,52 @@ Status memGetInfo(int device, size_t* free_bytes, size_t* total_bytes);
 Status pointerGetDevice(const void* ptr, int* device);
 
 // ---- strict mode (TORCHNEURON_STRICT=1) -----------------------------------
-// Device memory is out of the host's reach (page protection) except while the
-// runtime runs work that may touch it: a kernel (launchKernel), a copy
-// (memcpy), or a host-side operation that declared device access (a collective
-// in flight). Any other host access, from this library, a C++ extension or
-// data_ptr() arithmetic, stops the process at once with a message naming the
-// address and its device. Access windows are process-wide and nest.
+// Device memory is out of the host's reach (page protection, in pages of 4 KiB) except the memory
+// of the work the runtime is running. Each piece of work opens a window of its own: the ranges it
+// was launched with (LaunchInfo::ranges; a copy's source and destination), those added while it
+// runs (deviceAccessAdd, on the thread that runs it), for as long as it runs. Windows of work that
+// runs at the same time open the union of their ranges; memory outside every window faults, also
+// while other work runs, and any such host access (from this library, a C++ extension or
+// data_ptr() arithmetic) stops the process at once with a message naming the address and its
+// device. Page protection is the process's, not a thread's: a page stays reachable to all threads
+// while some window opens it, and tensors that share a page are reachable together.
+struct MemoryRange {
+  const void* ptr;
+  size_t nbytes;
+};
 bool strictMode();
 // Reports a fault in device memory, then hands it to the SIGSEGV handler installed before this
 // call (e.g. Python's faulthandler, for the Python stack). Strict mode installs it at start.
 void installStrictFaultHandler();
-void deviceAccessBegin();
-void deviceAccessEnd();
-class DeviceAccess {  // a window of device access for its lifetime (nothing when not strict)
+class DeviceAccess {  // this thread's window over `ranges` for its lifetime (nothing when not strict); nests
  public:
-  DeviceAccess() : open_(strictMode()) { if (open_) deviceAccessBegin(); }
-  ~DeviceAccess() { if (open_) deviceAccessEnd(); }
+  DeviceAccess(const MemoryRange* ranges, size_t count);
+  ~DeviceAccess();
   DeviceAccess(const DeviceAccess&) = delete;
   DeviceAccess& operator=(const DeviceAccess&) = delete;
 
  private:
-  bool open_;
+  void* window_;
+};
+// Opens [ptr, ptr + nbytes) for the rest of this thread's innermost window: memory the running
+// work reaches that it was not launched with (a block allocated while it runs). Nothing outside a
+// window, or for memory that is not a device's.
+void deviceAccessAdd(const void* ptr, size_t nbytes);
+// Opens all of `device`'s memory for the rest of this thread's innermost window, for host code
+// whose arguments the runtime is not told (an AOTInductor model's C++ kernels).
+void deviceAccessAddDevice(int device);
+// The ranges this thread's innermost window has opened so far: for work that reaches the same
+// memory again later, in a launch of its own (a CPU autograd graph over device memory).
+std::vector<MemoryRange> deviceAccessRanges();
+class HeldDeviceAccess {  // a window no thread owns, over one range, open for its lifetime: for
+ public:                  // memory another library's threads reach while it holds it (gloo's)
+  HeldDeviceAccess(const void* ptr, size_t nbytes);
+  ~HeldDeviceAccess();
+  HeldDeviceAccess(const HeldDeviceAccess&) = delete;
+  HeldDeviceAccess& operator=(const HeldDeviceAccess&) = delete;
+
+ private:
+  void* window_;
 };
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice, HostToHost };
@@ -91,7 +124,7 @@ bool isHostPinned(const void* ptr);
 // launching thread, so a stream is always idle when control returns to the
 // caller; events still carry real timestamps.
 //
-// Asynchronous mode (TORCHNEURON_ASYNC=1, and always in strict mode): each
+// Asynchronous mode (TORCHNEURON_ASYNC=1, and in strict mode unless TORCHNEURON_ASYNC=0): each
 // stream runs its work in order on a worker thread of its own, and
 // enqueueKernel returns once the work is queued, as a real device's launch
 // does. Ordering between streams holds only through events. Work that raises
@@ -137,6 +170,10 @@ struct LaunchInfo {
   ActivityKind kind = ActivityKind::Kernel;
   const char* name = "kernel";
   uint64_t bytes = 0;           // bytes moved, for copies and collectives
+  // The device memory the work reads or writes, as a real kernel's arguments name it: strict mode
+  // opens only these for it (copied by enqueueKernel). Host memory among them is ignored.
+  const MemoryRange* ranges = nullptr;
+  size_t range_count = 0;
 };
 // A blocking launch: waits until all earlier work on the stream is done, then
 // runs fn(arg) on the calling thread; an exception it raises reaches the

@@ -5,7 +5,7 @@
 // therefore always holds. Events record the time at which all earlier work on
 // their stream was done, which is what elapsed_time() reports.
 //
-// Asynchronous mode (TORCHNEURON_ASYNC=1, or strict mode): each stream that
+// Asynchronous mode (TORCHNEURON_ASYNC=1, or strict mode unless TORCHNEURON_ASYNC=0): each stream that
 // receives work gets a queue and a worker thread that runs it in order. A
 // stream counts the work submitted to it and the work completed; an event
 // recorded on a stream is a marker in that queue, done when the stream's
@@ -49,6 +49,7 @@ struct Work {
   void* arg = nullptr;
   KernelDrop drop = nullptr;
   std::string name;
+  std::vector<MemoryRange> ranges;  // the device memory it reaches (strict mode opens only these)
   bool recorded = false;
   ActivityRecord record{};
 };
@@ -101,7 +102,6 @@ bool hasError(int device) {
 void runWork(Work& w, int device) {
   if (w.recorded) w.record.start_ns = activityClockNs();
   try {
-    DeviceAccess access;  // strict mode: device memory is reachable while the work runs
     w.fn(w.arg);
   } catch (const std::exception& e) {
     noteError(device, std::string(w.name) + ": " + e.what());
@@ -112,21 +112,49 @@ void runWork(Work& w, int device) {
   if (w.drop != nullptr) w.drop(w.arg);
 }
 
+// A piece of work's window (strict mode: the memory it reaches) is open from before it runs until
+// before its completion is told; when more work is queued, the next one's window opens before this
+// one's closes, so memory both reach (an op's result that the next op reads) stays open between them.
+std::unique_ptr<DeviceAccess> windowOf(const Work& w) {
+  return std::make_unique<DeviceAccess>(w.ranges.data(), w.ranges.size());
+}
+
+Work nextWork(StreamState* s) {
+  std::unique_lock<std::mutex> lock(s->mutex);
+  s->has_work.wait(lock, [&] { return !s->queue.empty(); });
+  Work w = std::move(s->queue.front());
+  s->queue.pop_front();
+  return w;
+}
+
 void serve(StreamState* s) {
+  Work w = nextWork(s);
+  auto window = windowOf(w);
   for (;;) {
-    Work w;
-    {
-      std::unique_lock<std::mutex> lock(s->mutex);
-      s->has_work.wait(lock, [&] { return !s->queue.empty(); });
-      w = std::move(s->queue.front());
-      s->queue.pop_front();
-    }
     runWork(w, s->device);
+    Work next;
+    bool more = false;
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      if (!s->queue.empty()) {
+        next = std::move(s->queue.front());
+        s->queue.pop_front();
+        more = true;
+      }
+    }
+    std::unique_ptr<DeviceAccess> next_window = more ? windowOf(next) : nullptr;
+    window.reset();
     {
       std::lock_guard<std::mutex> lock(s->mutex);
       ++s->completed;
     }
     s->progressed.notify_all();
+    if (!more) {
+      next = nextWork(s);
+      next_window = windowOf(next);
+    }
+    w = std::move(next);
+    window = std::move(next_window);
   }
 }
 
@@ -376,7 +404,7 @@ Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const Lau
     const Status waited = streamSynchronize(device, stream);
     if (waited != Status::Success) return waited;
   }
-  DeviceAccess access;  // strict mode: device memory is reachable while the kernel runs
+  DeviceAccess access(info.ranges, info.range_count);  // strict mode: its memory, while it runs
   KernelDepth depth;
   if (!activityRecording()) {
     fn(arg);
@@ -416,6 +444,7 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
   w.arg = arg;
   w.drop = drop;
   w.name = info.name != nullptr ? info.name : "kernel";
+  if (strictMode()) w.ranges.assign(info.ranges, info.ranges + info.range_count);
   if (activityRecording()) {
     w.recorded = true;
     w.record = activityBegin(device, stream, info);
