@@ -303,7 +303,7 @@ PYBIND11_MODULE(_C, m) {
       [](int i) {
         const auto index = static_cast<c10::DeviceIndex>(i);
         checkDevice(index);
-        checkRuntime(rt::deviceSynchronize(i), index, "torch.neuron.synchronize()");
+        checkRuntime(runtime::synchronizeDevice(i), index, "torch.neuron.synchronize()");
       },
       py::call_guard<py::gil_scoped_release>());
   m.def(

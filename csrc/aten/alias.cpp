@@ -18,7 +18,7 @@ namespace {
 c10::DataPtr copyHostBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
   const size_t nbytes = storage->nbytes();
   c10::DataPtr fresh = allocateOn(device, nbytes);
-  if (nbytes > 0) rt::memcpy(fresh.get(), storage->data(), nbytes, rt::CopyKind::HostToDevice);
+  if (nbytes > 0) runtime::copyMemory(fresh.get(), storage->data(), nbytes, rt::CopyKind::HostToDevice);
   return fresh;
 }
 
@@ -126,10 +126,11 @@ at::Tensor hostViewHolding(const at::Tensor& neuron, bool open) {
   // too) may touch it until they let it go.
   struct Held {
     c10::Storage storage;
-    std::optional<rt::HeldDeviceAccess> access;
+    std::optional<rt::DeviceAccess> access;
   };
   auto* keep = new Held{storage, std::nullopt};
-  if (open) keep->access.emplace(storage.data(), storage.nbytes());
+  const rt::MemoryRange range{storage.data(), storage.nbytes()};
+  if (open) keep->access.emplace(&range, 1, rt::DeviceAccess::NoThread);
   else reached(neuron);
   c10::DataPtr ptr(const_cast<void*>(storage.data()), keep,
                    [](void* ctx) { delete static_cast<Held*>(ctx); }, c10::Device(c10::kCPU));

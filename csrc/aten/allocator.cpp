@@ -317,7 +317,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    rt::memcpy(dest, src, count, rt::CopyKind::DeviceToDevice);
+    runtime::copyMemory(dest, src, count, rt::CopyKind::DeviceToDevice);
   }
 
   bool initialized() override { return true; }
@@ -327,7 +327,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::shared_ptr<c10::GatheredContext> context;
     if (recording()) context = gatherContext(Context::All);
     for (size_t i = 0; i < devices_.size(); ++i) {
-      if (rt::asyncMode()) rt::deviceSynchronize(static_cast<int>(i));  // before the lock: see freeCachedLocked
+      if (rt::asyncMode()) runtime::synchronizeDevice(static_cast<int>(i));  // before the lock: see freeCachedLocked
       std::lock_guard<std::mutex> lock(devices_[i]->mutex);
       freeCachedLocked(*devices_[i], context);
     }
@@ -538,7 +538,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       d.stats.num_alloc_retries++;
       if (rt::asyncMode()) {
         lock.unlock();
-        rt::deviceSynchronize(device);
+        runtime::synchronizeDevice(device);
         lock.lock();
       }
       freeCachedLocked(d, context);
@@ -579,7 +579,7 @@ class BoundAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override { return allocator().allocateOn(device_, nbytes); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    rt::memcpy(dest, src, count, rt::CopyKind::DeviceToDevice);
+    runtime::copyMemory(dest, src, count, rt::CopyKind::DeviceToDevice);
   }
 
  private:

@@ -5,7 +5,7 @@
 // Recording is the asynchronous mode's deferral (deferred.cpp) with one table of stand-ins for the
 // whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
 // its CPU kernel is kept for later. A group is cut when anything reaches the runtime (a launch that
-// is not recorded, a copy, a synchronization: rt::handOverHeldWork), when the device or stream
+// is not recorded, a copy, a synchronization: handOverHeldWork, neuron.h), when the device or stream
 // changes, and at a size bound: cut points follow the program's order of ops alone, never timing.
 //
 // A group is known by its signature: its ops, their non-tensor arguments, their tensors' sizes,
@@ -364,20 +364,18 @@ std::atomic<int> in_flight{0};       // a group is running (on some thread): a c
 std::atomic<int64_t> boundaries{0};
 std::atomic<int64_t> skip_boundaries{0};
 
-bool boundary(const char* what) {
-  return std::strncmp(what, "Memcpy DtoH", 11) == 0 || std::strncmp(what, "Memcpy HtoD", 11) == 0 ||
-         std::strcmp(what, "copy") == 0 || std::strcmp(what, "synchronize") == 0 ||
-         std::strcmp(what, "stream synchronize") == 0 || std::strcmp(what, "stream query") == 0 ||
-         std::strcmp(what, "wait_event") == 0 || std::strcmp(what, "event record") == 0;
-}
+}  // namespace
 
-void handOver(const char* what) {
-  if (fusedMode() && !running_group && boundary(what)) {  // (only fused mode skips; op mode's launches pay nothing)
+void handOverHeldWork(HostNeed need, const char* what) {
+  const bool boundary = need == HostNeed::HostCopy || need == HostNeed::Synchronization;
+  if (fusedMode() && !running_group && boundary) {  // (only fused mode skips; op mode's launches pay nothing)
     boundaries.fetch_add(1, std::memory_order_relaxed);
     if (skip_boundaries.load(std::memory_order_relaxed) > 0) skip_boundaries.fetch_sub(1, std::memory_order_relaxed);
   }
   if (pending.load(std::memory_order_acquire) || in_flight.load(std::memory_order_acquire) > 0) flushFused(what);
 }
+
+namespace {
 
 c10::DeviceIndex deviceOfArguments(const torch::jit::Stack& stack, size_t nargs) {
   for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
@@ -567,8 +565,6 @@ void setFusedPolicy(FusedExpect expect, FusedLearned learned) {
 }
 
 void setFusedMode(bool on) {
-  static std::once_flag hook;
-  std::call_once(hook, [] { rt::setHeldWorkHook(&handOver); });
   if (!on) flushFused("eager mode op");
   fused_mode.store(on, std::memory_order_relaxed);
 }

@@ -109,14 +109,13 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
         "Event device index ", int(device_index), " does not match recording stream's device index ",
         int(stream.device_index()), ".");
     auto*& ev = *reinterpret_cast<rt::Event*>(event);
-    rt::handOverHeldWork("event record");  // the event comes after the ops recorded so far
     if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
-    checkRuntime(rt::eventRecord(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
+    checkRuntime(runtime::recordEvent(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
-    checkRuntime(rt::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event)),
+    checkRuntime(runtime::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event)),
                  stream.device_index(), "wait_event");
   }
 
@@ -129,11 +128,11 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    return rt::streamQuery(stream.device_index(), stream.id()) == rt::Status::Success;
+    return runtime::queryStream(stream.device_index(), stream.id()) == rt::Status::Success;
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
-    checkRuntime(rt::streamSynchronize(stream.device_index(), stream.id()), stream.device_index(),
+    checkRuntime(runtime::synchronizeStream(stream.device_index(), stream.id()), stream.device_index(),
                  "stream synchronize");
   }
 
@@ -145,7 +144,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     checkDevice(device_index);
-    checkRuntime(rt::deviceSynchronize(device_index), device_index, "device synchronize");
+    checkRuntime(runtime::synchronizeDevice(device_index), device_index, "device synchronize");
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& ptr, const c10::Stream& stream) const override {

@@ -52,7 +52,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     const auto device = storage.device().index();
     c10::DataPtr fresh = allocateOn(device, newsize);
     const size_t keep = std::min(newsize, storage.nbytes());
-    if (keep > 0) rt::memcpy(fresh.get(), storage.data(), keep, rt::CopyKind::DeviceToDevice);
+    if (keep > 0) runtime::copyMemory(fresh.get(), storage.data(), keep, rt::CopyKind::DeviceToDevice);
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
   }

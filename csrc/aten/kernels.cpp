@@ -181,6 +181,7 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
   }
   const auto device = from_device ? self.device().index() : dst.device().index();
   const rt::LaunchInfo info{rt::ActivityKind::Memcpy, name, static_cast<uint64_t>(bytes)};
+  if (!(from_device && to_device)) handOverHeldWork(HostNeed::HostCopy, name);
   if (queued) {
     const bool host_side = !(from_device && to_device);
     enqueue(device, info,
@@ -191,7 +192,7 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
   }
   if (from_device && to_device && rt::asyncMode()) {  // another device's stream may still be writing dst
     const auto other = dst.device().index();
-    checkRuntime(rt::streamSynchronize(other, currentStream(other).id()), other, "a copy between devices");
+    checkRuntime(runtime::synchronizeStream(other, currentStream(other).id()), other, "a copy between devices");
   }
   launch(device, info, [&] { cpu_dst.copy_(cpu_src); });
   return dst;
@@ -204,6 +205,7 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar localScalarDense(const at::Tensor& self) {
   transferStats().scalar_reads++;
+  handOverHeldWork(HostNeed::HostCopy, "Memcpy DtoH");
   return launch(self.device().index(), {rt::ActivityKind::Memcpy, "Memcpy DtoH (Device -> Pageable)", self.itemsize()},
                 [&] { return at::_local_scalar_dense(hostView(self)); });
 }

@@ -44,6 +44,47 @@ void checkDevice(c10::DeviceIndex index);
                                      const c10::OperatorName& op);
 c10::Stream currentStream(c10::DeviceIndex index);
 
+// ---- work held back above the runtime (fused.cpp) ---------------------------
+// Fused eager holds recorded ops back from the runtime. Before the host asks the runtime for
+// anything that must come after them, aten hands them over, saying what the host needs: launch()
+// and enqueue() do, and so do the wrappers below, aten's only way to the runtime's waiting and
+// copying calls. (The runtime never calls up.)
+enum class HostNeed {
+  Launch,           // a kernel launched or queued
+  HostCopy,         // a copy between host and device memory: a boundary of the host's
+  DeviceCopy,       // a copy within device memory
+  Synchronization,  // the host waits for, asks about or orders a stream's work: a boundary too
+};
+// Runs the group fused eager holds, if any; `what` names the need for its report.
+void handOverHeldWork(HostNeed need, const char* what);
+namespace runtime {  // the runtime's waiting and copying calls, after the held work
+inline rt::Status synchronizeDevice(int device) {
+  handOverHeldWork(HostNeed::Synchronization, "synchronize");
+  return rt::deviceSynchronize(device);
+}
+inline rt::Status synchronizeStream(int device, rt::Stream stream) {
+  handOverHeldWork(HostNeed::Synchronization, "stream synchronize");
+  return rt::streamSynchronize(device, stream);
+}
+inline rt::Status queryStream(int device, rt::Stream stream) {
+  handOverHeldWork(HostNeed::Synchronization, "stream query");
+  return rt::streamQuery(device, stream);
+}
+inline rt::Status streamWaitEvent(int device, rt::Stream stream, rt::Event event) {
+  handOverHeldWork(HostNeed::Synchronization, "wait_event");
+  return rt::streamWaitEvent(device, stream, event);
+}
+inline rt::Status recordEvent(rt::Event event, int device, rt::Stream stream) {
+  handOverHeldWork(HostNeed::Synchronization, "event record");  // after the ops recorded so far
+  return rt::eventRecord(event, device, stream);
+}
+inline rt::Status copyMemory(void* dst, const void* src, size_t nbytes, rt::CopyKind kind) {
+  if (kind != rt::CopyKind::HostToHost)
+    handOverHeldWork(kind == rt::CopyKind::DeviceToDevice ? HostNeed::DeviceCopy : HostNeed::HostCopy, "copy");
+  return rt::memcpy(dst, src, nbytes, kind);
+}
+}  // namespace runtime
+
 // ---- launching work (launch.cpp) -------------------------------------------
 // Raises the error for a launch the runtime refused.
 [[noreturn]] void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name);
@@ -101,6 +142,9 @@ template <class F>
 decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& body) {
   using R = decltype(body());
   if constexpr (std::is_void_v<R>) {
+    // A blocking launch waits for the stream's earlier work first: with asynchronous streams, a
+    // synchronization of the host's.
+    handOverHeldWork(rt::asyncMode() ? HostNeed::Synchronization : HostNeed::Launch, info.name);
     auto trampoline = [](void* p) { (*static_cast<std::remove_reference_t<F>*>(p))(); };
     const auto status = rt::launchKernel(device, currentStream(device).id(), trampoline, &body, withArguments(info));
     if (status != rt::Status::Success) failLaunch(status, device, info.name);
@@ -140,6 +184,7 @@ void releaseHostStorages();  // on the host: lets go of the storages work has fi
 template <class F>
 void enqueue(c10::DeviceIndex device, const rt::LaunchInfo& info, F work) {
   releaseHostStorages();
+  handOverHeldWork(HostNeed::Launch, info.name);
   auto body = [inference = c10::InferenceMode::is_enabled(), work = std::move(work)]() mutable {
     c10::InferenceMode mode(inference);
     if (!rt::asyncMode()) return work();
@@ -168,7 +213,7 @@ bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // ---- fused eager (fused.cpp; the graph compiler's side in fused.h) ----------
 // TORCHNEURON_EAGER=fused, torch.neuron.set_eager_mode("fused"): ops on neuron tensors are recorded
 // into a group instead of run; the group runs when the host needs the device (a cut: anything that
-// reaches the runtime, see rt::handOverHeldWork), as one compiled graph once seen often enough.
+// reaches the runtime, see handOverHeldWork), as one compiled graph once seen often enough.
 extern std::atomic<bool> fused_mode;
 inline bool fusedMode() { return fused_mode.load(std::memory_order_relaxed); }
 // Fused mode, not inside a running group (whose own ops run at once), and not in a stretch of ops

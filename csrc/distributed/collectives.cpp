@@ -59,7 +59,7 @@ class Call {
     if (!gloo_ || !t.defined() || t.device().type() != kNeuron) return t;
     const auto index = t.device().index();
     if (index != synced_) {
-      rt::deviceSynchronize(index);
+      runtime::synchronizeDevice(index);
       synced_ = index;
     }
     return hostViewHolding(t, /*open=*/true);

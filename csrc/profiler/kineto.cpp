@@ -19,7 +19,7 @@
 // fmt (which Kineto's event metadata uses) compiled into this file: libtorch does not export it.
 #define FMT_HEADER_ONLY 1
 
-#include "../runtime/neuron_runtime.h"
+#include "../aten/neuron.h"
 
 #include <GenericTraceActivity.h>
 #include <IActivityProfiler.h>
@@ -81,7 +81,7 @@ class Session : public libkineto::IActivityProfilerSession {
     // during the trace): the devices' streams are drained first. Their errors stay for the
     // program's next synchronization.
     if (rt::asyncMode())
-      for (int device = 0; device < rt::deviceCount(); ++device) (void)rt::deviceSynchronize(device);
+      for (int device = 0; device < rt::deviceCount(); ++device) (void)runtime::synchronizeDevice(device);
     rt::activityStop();
     records_ = rt::activityDrain();
     status_ = libkineto::TraceStatus::PROCESSING;

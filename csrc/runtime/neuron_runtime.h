@@ -77,15 +77,20 @@ bool strictMode();
 // Reports a fault in device memory, then hands it to the SIGSEGV handler installed before this
 // call (e.g. Python's faulthandler, for the Python stack). Strict mode installs it at start.
 void installStrictFaultHandler();
-class DeviceAccess {  // this thread's window over `ranges` for its lifetime (nothing when not strict); nests
+class DeviceAccess {  // a window over `ranges` for its lifetime (nothing when not strict); nests
  public:
-  DeviceAccess(const MemoryRange* ranges, size_t count);
+  enum Owner {
+    ThisThread,  // this thread's: deviceAccessAdd() on this thread joins it while it is the innermost
+    NoThread,    // no thread's: for memory another library's threads reach while it holds it (gloo's)
+  };
+  DeviceAccess(const MemoryRange* ranges, size_t count, Owner owner = ThisThread);
   ~DeviceAccess();
   DeviceAccess(const DeviceAccess&) = delete;
   DeviceAccess& operator=(const DeviceAccess&) = delete;
 
  private:
   void* window_;
+  Owner owner_;
 };
 // Opens [ptr, ptr + nbytes) for the rest of this thread's innermost window: memory the running
 // work reaches that it was not launched with (a block allocated while it runs). Nothing outside a
@@ -97,16 +102,6 @@ void deviceAccessAddDevice(int device);
 // The ranges this thread's innermost window has opened so far: for work that reaches the same
 // memory again later, in a launch of its own (a CPU autograd graph over device memory).
 std::vector<MemoryRange> deviceAccessRanges();
-class HeldDeviceAccess {  // a window no thread owns, over one range, open for its lifetime: for
- public:                  // memory another library's threads reach while it holds it (gloo's)
-  HeldDeviceAccess(const void* ptr, size_t nbytes);
-  ~HeldDeviceAccess();
-  HeldDeviceAccess(const HeldDeviceAccess&) = delete;
-  HeldDeviceAccess& operator=(const HeldDeviceAccess&) = delete;
-
- private:
-  void* window_;
-};
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice, HostToHost };
 Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind);
@@ -149,18 +144,6 @@ Status eventQuery(Event event);                   // Success or NotReady
 Status eventSynchronize(Event event);
 int eventDevice(Event event);                     // the device of its last record (-1: none)
 Status eventElapsedTime(float* ms, Event start, Event end);  // NotReady until both have happened
-
-// ---- work held back above the runtime ---------------------------------------
-// A layer above may hold work back before handing it to the runtime (fused eager records ops and
-// runs them later as one kernel). The runtime calls the hook, with what it is about to do, before it
-// accepts anything from the host that must come after that work: a launch, a copy, a stream's wait
-// or query, a device synchronization. The hook hands the held work over (through these same calls).
-using HeldWorkHook = void (*)(const char* what);
-void setHeldWorkHook(HeldWorkHook hook);
-extern std::atomic<HeldWorkHook> held_work_hook;
-inline void handOverHeldWork(const char* what) {
-  if (auto hook = held_work_hook.load(std::memory_order_acquire)) hook(what);
-}
 
 // Work on a stream: fn(arg). `info` says what the work is, for the activity
 // records below (its name is copied).

@@ -311,12 +311,12 @@ void installStrictFaultHandler() {
   ::sigaction(SIGSEGV, &action, &previous_segv);
 }
 
-DeviceAccess::DeviceAccess(const MemoryRange* ranges, size_t count) : window_(nullptr) {
+DeviceAccess::DeviceAccess(const MemoryRange* ranges, size_t count, Owner owner) : window_(nullptr), owner_(owner) {
   Arena* a = strictArena();
   if (a == nullptr) return;
   auto* w = new Window();
   w->addAll(*a, ranges, count);
-  t_windows.push_back(w);
+  if (owner_ == ThisThread) t_windows.push_back(w);
   window_ = w;
 }
 
@@ -325,7 +325,7 @@ DeviceAccess::~DeviceAccess() {
   auto* w = static_cast<Window*>(window_);
   w->close(*arena);
   // Usually the innermost; a stream's worker opens its next work's window before it closes the last.
-  t_windows.erase(std::find(t_windows.begin(), t_windows.end(), w));
+  if (owner_ == ThisThread) t_windows.erase(std::find(t_windows.begin(), t_windows.end(), w));
   delete w;
 }
 
@@ -342,21 +342,6 @@ void deviceAccessAddDevice(int device) {
 std::vector<MemoryRange> deviceAccessRanges() {
   if (arena == nullptr || t_windows.empty()) return {};
   return t_windows.back()->ranges;
-}
-
-HeldDeviceAccess::HeldDeviceAccess(const void* ptr, size_t nbytes) : window_(nullptr) {
-  Arena* a = strictArena();
-  if (a == nullptr) return;
-  auto* w = new Window();
-  w->add(*a, ptr, nbytes);
-  window_ = w;
-}
-
-HeldDeviceAccess::~HeldDeviceAccess() {
-  if (window_ == nullptr) return;
-  auto* w = static_cast<Window*>(window_);
-  w->close(*arena);
-  delete w;
 }
 
 }  // namespace torchneuron::rt

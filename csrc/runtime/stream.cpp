@@ -227,8 +227,6 @@ Status deviceStatus(int device) { return hasError(device) ? Status::KernelFailed
 
 }  // namespace
 
-std::atomic<HeldWorkHook> held_work_hook{nullptr};
-void setHeldWorkHook(HeldWorkHook hook) { held_work_hook.store(hook, std::memory_order_release); }
 
 bool asyncMode() {
   static const bool on = [] {
@@ -269,7 +267,6 @@ struct EventImpl {
 
 Status streamSynchronize(int device, Stream stream) {
   if (!validDevice(device)) return Status::InvalidDevice;
-  handOverHeldWork("stream synchronize");
   if (asyncMode()) {
     StreamState* s = streamState(device, stream);
     s->waitFor(submittedSoFar(s));
@@ -279,7 +276,6 @@ Status streamSynchronize(int device, Stream stream) {
 
 Status deviceSynchronize(int device) {
   if (!validDevice(device)) return Status::InvalidDevice;
-  handOverHeldWork("synchronize");
   if (asyncMode()) {
     std::vector<StreamState*> streams;
     {
@@ -295,7 +291,6 @@ Status deviceSynchronize(int device) {
 
 Status streamQuery(int device, Stream stream) {
   if (!validDevice(device)) return Status::InvalidDevice;
-  handOverHeldWork("stream query");
   if (!asyncMode()) return Status::Success;
   StreamState* s = streamState(device, stream);
   std::lock_guard<std::mutex> lock(s->mutex);
@@ -304,7 +299,6 @@ Status streamQuery(int device, Stream stream) {
 
 Status streamWaitEvent(int device, Stream stream, Event event) {
   if (!validDevice(device)) return Status::InvalidDevice;
-  handOverHeldWork("wait_event");
   if (event == nullptr) return Status::InvalidValue;
   if (!asyncMode() || !event->recorded || event->done()) return Status::Success;
   // A piece of work on `stream` that waits for the event's marker.
@@ -399,7 +393,6 @@ bool insideKernel() { return t_kernel_depth > 0; }
 Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
-  handOverHeldWork(info.name);
   if (asyncMode()) {
     const Status waited = streamSynchronize(device, stream);
     if (waited != Status::Success) return waited;
@@ -428,7 +421,6 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
     if (drop != nullptr) drop(arg);
     return validDevice(device) ? Status::InvalidValue : Status::InvalidDevice;
   }
-  handOverHeldWork(info.name);
   if (!asyncMode() || insideKernel()) {  // see kernel_scope.h
     struct Dropping {
       KernelDrop drop;

@@ -310,7 +310,8 @@ void testStrictProtection() {
   CHECK(faultsInChild([&] { volatile char c = a[0]; (void)c; }));
   CHECK(faultsInChild([&] { volatile char c = b[0]; (void)c; }));
   {
-    rt::HeldDeviceAccess held(b, 16);  // no thread's: open to all threads while it lives
+    const rt::MemoryRange range[] = {{b, 16}};
+    rt::DeviceAccess held(range, 1, rt::DeviceAccess::NoThread);  // open to all threads while it lives
     volatile char c = 0;
     std::thread([&] { c = b[0]; }).join();
     CHECK(c == 3);
