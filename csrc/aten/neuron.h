@@ -109,30 +109,25 @@ class KernelArguments {
   KernelArguments& operator=(const KernelArguments&) = delete;
   static KernelArguments* current();  // this thread's innermost, or none
   void add(const c10::Storage& neuron);
+  const std::vector<rt::MemoryRange>& ranges() const { return ranges_; }
   // What was gathered, for work launched later than the scope lives (a deferred op's kernel).
   std::vector<rt::MemoryRange> take() { return std::move(ranges_); }
-  // `info`, launched with this scope's memory.
-  rt::LaunchInfo with(rt::LaunchInfo info) const {
-    info.ranges = ranges_.data();
-    info.range_count = ranges_.size();
-    return info;
-  }
 
  private:
   std::vector<rt::MemoryRange> ranges_;
   KernelArguments* previous_;
 };
-// `info` with the memory of this thread's innermost KernelArguments when it names none itself.
-inline rt::LaunchInfo withArguments(const rt::LaunchInfo& info) {
-  if (info.range_count != 0 || !rt::strictMode()) return info;
-  const KernelArguments* arguments = KernelArguments::current();
-  return arguments != nullptr ? arguments->with(info) : info;
-}
 // `info` launched with `ranges` (which must outlive the launch call).
 inline rt::LaunchInfo withRanges(rt::LaunchInfo info, const std::vector<rt::MemoryRange>& ranges) {
   info.ranges = ranges.data();
   info.range_count = ranges.size();
   return info;
+}
+// `info` with the memory of this thread's innermost KernelArguments when it names none itself.
+inline rt::LaunchInfo withArguments(const rt::LaunchInfo& info) {
+  if (info.range_count != 0 || !rt::strictMode()) return info;
+  const KernelArguments* arguments = KernelArguments::current();
+  return arguments != nullptr ? withRanges(info, arguments->ranges()) : info;
 }
 
 // Runs `body` (a kernel's host code: a CPU kernel over device memory, a copy, a

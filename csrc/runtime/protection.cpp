@@ -193,15 +193,6 @@ struct Window {
   std::vector<MemoryRange> ranges;     // as given
   std::vector<size_t> whole_devices;   // counted in whole
 
-  void add(Arena& a, const void* ptr, size_t nbytes) {
-    Pages p;
-    if (!pagesOf(a, ptr, nbytes, &p)) return;
-    std::lock_guard<std::mutex> lock(a.mutex);
-    countPagesLocked(a, p, +1);
-    pages.push_back(p);
-    ranges.push_back({ptr, nbytes});
-  }
-
   // The ranges a piece of work was launched with: their pages in order, overlapping and adjacent
   // ones joined (an op's tensors often lie side by side in one segment), under one lock.
   void addAll(Arena& a, const MemoryRange* given, size_t count) {
@@ -331,7 +322,8 @@ DeviceAccess::~DeviceAccess() {
 
 void deviceAccessAdd(const void* ptr, size_t nbytes) {
   if (arena == nullptr || t_windows.empty()) return;
-  t_windows.back()->add(*arena, ptr, nbytes);
+  const MemoryRange range{ptr, nbytes};
+  t_windows.back()->addAll(*arena, &range, 1);
 }
 
 void deviceAccessAddDevice(int device) {

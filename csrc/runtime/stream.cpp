@@ -115,33 +115,30 @@ void runWork(Work& w, int device) {
 // A piece of work's window (strict mode: the memory it reaches) is open from before it runs until
 // before its completion is told; when more work is queued, the next one's window opens before this
 // one's closes, so memory both reach (an op's result that the next op reads) stays open between them.
+// (Outside strict mode there is no window, and nothing to allocate for one.)
 std::unique_ptr<DeviceAccess> windowOf(const Work& w) {
+  if (!strictMode()) return nullptr;
   return std::make_unique<DeviceAccess>(w.ranges.data(), w.ranges.size());
 }
 
-Work nextWork(StreamState* s) {
+// Takes the stream's next piece of work into `w`: waiting for one, or (`wait` false) only if one is queued.
+bool takeWork(StreamState* s, Work* w, bool wait) {
   std::unique_lock<std::mutex> lock(s->mutex);
-  s->has_work.wait(lock, [&] { return !s->queue.empty(); });
-  Work w = std::move(s->queue.front());
+  if (wait) s->has_work.wait(lock, [&] { return !s->queue.empty(); });
+  if (s->queue.empty()) return false;
+  *w = std::move(s->queue.front());
   s->queue.pop_front();
-  return w;
+  return true;
 }
 
 void serve(StreamState* s) {
-  Work w = nextWork(s);
+  Work w;
+  takeWork(s, &w, true);
   auto window = windowOf(w);
   for (;;) {
     runWork(w, s->device);
     Work next;
-    bool more = false;
-    {
-      std::lock_guard<std::mutex> lock(s->mutex);
-      if (!s->queue.empty()) {
-        next = std::move(s->queue.front());
-        s->queue.pop_front();
-        more = true;
-      }
-    }
+    const bool more = takeWork(s, &next, false);
     std::unique_ptr<DeviceAccess> next_window = more ? windowOf(next) : nullptr;
     window.reset();
     {
@@ -150,7 +147,7 @@ void serve(StreamState* s) {
     }
     s->progressed.notify_all();
     if (!more) {
-      next = nextWork(s);
+      takeWork(s, &next, true);
       next_window = windowOf(next);
     }
     w = std::move(next);
@@ -226,7 +223,6 @@ uint64_t submittedSoFar(StreamState* s) {
 Status deviceStatus(int device) { return hasError(device) ? Status::KernelFailed : Status::Success; }
 
 }  // namespace
-
 
 bool asyncMode() {
   static const bool on = [] {
