@@ -16,7 +16,7 @@ from . import language as nl
 from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, psum, read, run, sbuf, write
 
 __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
-           "tensor_copy", "iota", "dma_copy", "memset"]
+           "tensor_copy", "iota", "dma_copy", "memset", "affine_select"]
 
 _TILE = (Tile, TileView)
 
@@ -265,3 +265,51 @@ def dma_copy(*args, **kwargs):
     write(dst, x, "dma_copy", valid=defined(src))
     nl.charge_dma("dma_copy", x.numel() * x.element_size())
     return dst
+
+
+def affine_select(*args, **kwargs):
+    """GpSimd: ``on_true_tile`` where an affine predicate of the positions holds, else ``on_false_value``
+    (the causal mask of attention). Both of NKI's forms:
+
+    - ``affine_select(pred, on_true_tile, on_false_value)``, ``pred`` an index expression such as
+      ``i_q - i_k >= 0`` built from ``nl.arange``;
+    - ``affine_select(dst=, pattern=[[step, num], ...], offset=, channel_multiplier=, on_true_tile=,
+      on_false_value=, cmp_op=nl.equal)``: the predicate is ``cmp_op(offset + p * channel_multiplier
+      + sum(step_i * j_i), 0)`` at partition ``p`` and free position ``(j_0, j_1, ...)``.
+    """
+    from ._core import IndexExpr
+
+    if "pattern" in kwargs or (len(args) >= 2 and isinstance(args[1], (list, tuple))):
+        dst, rest = (kwargs.pop("dst"), list(args)) if "dst" in kwargs else (args[0], list(args[1:]))
+        pattern, offset, multiplier, on_true, on_false = _take(
+            rest, kwargs, ["pattern", "offset", "channel_multiplier", "on_true_tile", "on_false_value"])
+        cmp_op = kwargs.pop("cmp_op", nl.equal)
+        x = read(on_true, "affine_select")
+        value = torch.full((x.shape[0],) + (1,) * len(pattern), float(offset or 0), device=x.device)
+        value = value + torch.arange(x.shape[0], device=x.device).reshape(value.shape[:1] + (1,) * len(pattern)) * multiplier
+        for axis, (step, num) in enumerate(pattern):
+            shape = [1] * (len(pattern) + 1)
+            shape[axis + 1] = int(num)
+            value = value + torch.arange(int(num), device=x.device).reshape(shape) * step
+        value = value.reshape(x.shape[0], -1)
+        if value.shape[1] != x[0].numel():
+            fail(ValueError, f"affine_select: the pattern covers {value.shape[1]} elements per partition, the tile "
+                             f"{tuple(x.shape)} has {x[0].numel()}")
+        pred = _torch_op(cmp_op, "affine_select")(value, 0).reshape(x.shape)
+    else:
+        dst, rest = _split_dst(args, kwargs, 3)
+        pred, on_true, on_false = _take(rest, kwargs, ["pred", "on_true_tile", "on_false_value"])
+        x = read(on_true, "affine_select")
+        pred = pred.tensor if isinstance(pred, IndexExpr) else torch.as_tensor(pred, device=x.device)
+        try:
+            pred = pred.to(x.device).expand(x.shape)
+        except RuntimeError:
+            fail(ValueError, f"affine_select: a predicate of shape {tuple(pred.shape)} for a tile of shape "
+                             f"{tuple(x.shape)}")
+    if isinstance(on_false, (Tile, TileView)):
+        fail(TypeError, "affine_select: on_false_value is a scalar (use nl.where to choose between two tiles)")
+    y = torch.where(pred, x, torch.as_tensor(on_false, dtype=x.dtype, device=x.device))
+    nl.charge_vector("affine_select", x.shape, 1, x.dtype, "GpSimd")
+    dtype = kwargs.pop("dtype", None)
+    return _deliver(dst, y, "affine_select", dtype or (on_true.dtype if dst is None else None),
+                    mask=kwargs.pop("mask", None), valid=defined(on_true))

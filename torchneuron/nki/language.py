@@ -26,7 +26,7 @@ __all__ = [
     "num_programs", "matmul", "transpose", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs", "negative", "reciprocal",
     "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
-    "sum", "max", "min", "mean", "prod",
+    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
     "uint8", "bool_",
 ]
@@ -148,6 +148,19 @@ def store(dst, value, mask=None, **kwargs) -> None:
     else:
         tensor[index] = data
     charge_dma("store", data.numel() * data.element_size())
+
+
+def load_transpose2d(src, mask=None, dtype=None, **kwargs) -> Tile:
+    """HBM [F, P] -> a new SBUF tile [P, F]: a load that transposes a 2-D block (a DMA)."""
+    tensor, index = hbm_parts(src)
+    values = tensor if index is Ellipsis else tensor[index]
+    if values.dim() != 2:
+        fail(ValueError, f"nl.load_transpose2d loads a 2-D block, got shape {tuple(values.shape)}")
+    values = values.t()
+    out = Tile(values.shape, _dtype(dtype) if dtype is not None else values.dtype, sbuf)
+    write(out, values, "nl.load_transpose2d", mask)
+    charge_dma("load_transpose2d", values.numel() * values.element_size())
+    return out
 
 
 def copy(x, dtype=None, mask=None, **kwargs) -> Tile:
@@ -292,6 +305,27 @@ abs = _unary(torch.abs, "abs", False)  # noqa: A001 (nl's name)
 negative = _unary(torch.neg, "negative", False)
 reciprocal = _unary(torch.reciprocal, "reciprocal", False)
 square = _unary(torch.square, "square", False)
+
+def where(condition, x, y, dtype=None, mask=None, **kwargs) -> Tile:
+    """x where ``condition`` (a tile or an index expression) holds, else y (tiles or scalars)."""
+    c = condition.tensor if isinstance(condition, IndexExpr) else read(condition, "nl.where")
+    a, b = read(x, "nl.where"), read(y, "nl.where")
+    tensors = [t for t in (c, a, b) if isinstance(t, torch.Tensor)]
+    device = run().device
+    try:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        fail(ValueError, "nl.where: the condition and the values do not broadcast: "
+                         + ", ".join(str(tuple(t.shape)) for t in tensors))
+    out = Tile(shape if len(shape) > 1 else (1, 1), _result_dtype(dtype, x, y), sbuf)
+    cond = torch.as_tensor(c, device=device).to(torch.bool)
+    fa = a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else torch.as_tensor(a, device=device)
+    fb = b.float() if isinstance(b, torch.Tensor) and b.is_floating_point() else torch.as_tensor(b, device=device)
+    write(out, torch.where(cond, fa, fb), "nl.where", mask,
+          valid=both(tuple(out.shape), defined(condition), defined(x), defined(y)))
+    charge_vector("where", out.shape, len(tensors), out.dtype)
+    return out
+
 
 # ---- reductions -----------------------------------------------------------------------------------
 
