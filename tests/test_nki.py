@@ -186,3 +186,27 @@ def test_nki_op_is_a_custom_op_in_eager_compile_and_autograd():
     add(x, y).sum().backward()
     _close(x.grad, torch.ones_like(x), rtol=0, atol=0)
     torch.library.opcheck(add, (x.detach(), y.detach()))
+
+
+def test_platform_target_is_the_kernels_own_and_the_override_and_estimate_win(monkeypatch):
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    x = torch.randn(128, 512, device="neuron")
+
+    def fill(t):  # 3.5 x 64 KiB per partition: more than trn1's 192 KiB, within trn2's 224
+        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(3)]
+        keep.append(nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf))
+        return None
+
+    on_trn1, on_trn2 = nki.jit(platform_target="trn1")(fill), nki.jit(fill)
+    with pytest.raises(MemoryError, match="target trn1"):
+        on_trn1(x)
+    on_trn2(x)
+    with pytest.raises(MemoryError, match="target trn1"):
+        on_trn1[2](x)  # a grid keeps the kernel's target
+    on_trn1.estimate(x, target="trn2")  # estimate(target=) wins
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")  # the override wins over platform_target
+    on_trn1(x)
+    with pytest.raises(ValueError, match="platform_target='trn7'"):
+        nki.jit(platform_target="trn7")(fill)
+    with pytest.raises(ValueError, match="target='trn0'"):
+        on_trn2.estimate(x, target="trn0")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -78,8 +77,10 @@ class Estimate:
 class Kernel:
     """A function decorated with ``@nki.jit``; ``kernel[grid](...)`` launches a grid of programs."""
 
-    def __init__(self, fn: Callable, grid: Tuple[int, ...] = ()):
-        self.fn, self.grid = fn, grid
+    def __init__(self, fn: Callable, grid: Tuple[int, ...] = (), platform_target: Optional[str] = None):
+        self.fn, self.grid, self.platform_target = fn, grid, platform_target
+        if platform_target is not None:
+            _hardware.resolve(platform_target, f"@nki.jit({fn.__name__}) platform_target")
         functools.update_wrapper(self, fn)
         self.last_estimate: Optional[Estimate] = None
 
@@ -87,27 +88,28 @@ class Kernel:
         grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         if not grid or any(int(g) < 1 for g in grid):
             raise ValueError(f"{self.fn.__name__}[{grid}]: a grid is one or more positive sizes")
-        k = Kernel(self.fn, tuple(int(g) for g in grid))
-        return k
+        return Kernel(self.fn, tuple(int(g) for g in grid), self.platform_target)
 
     def __call__(self, *args, **kwargs):
-        result, estimate = self._run(args, kwargs)
+        token = _hardware.TARGET.set(self.platform_target)
+        try:
+            result, estimate = self._run(args, kwargs)
+        finally:
+            _hardware.TARGET.reset(token)
         self.last_estimate = estimate
         return result
 
     def estimate(self, *args, target: Optional[str] = None, **kwargs) -> Estimate:
-        """Run the kernel and return what it would cost on ``target`` (default: the current target)."""
-        old = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+        """Run the kernel and return what it would cost on ``target`` (default: the kernel's target)."""
         if target is not None:
-            os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = target
+            _hardware.resolve(target, "target")
+        tokens = (_hardware.TARGET.set(target if target is not None else self.platform_target),
+                  _hardware._EXPLICIT.set(target is not None))
         try:
             _, estimate = self._run(args, kwargs)
         finally:
-            if target is not None:
-                if old is None:
-                    os.environ.pop("NEURON_PLATFORM_TARGET_OVERRIDE", None)
-                else:
-                    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = old
+            _hardware._EXPLICIT.reset(tokens[1])
+            _hardware.TARGET.reset(tokens[0])
         return estimate
 
     def _run(self, args, kwargs):
@@ -156,11 +158,12 @@ def _unwrap(x, name: str):
     return x
 
 
-def jit(fn: Optional[Callable] = None, **options) -> Any:
-    """``@nki.jit``: make ``fn`` a kernel called with neuron tensors."""
+def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, **options) -> Any:
+    """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
+    Other options of AWS's ``nki.jit`` (its compiler's flags, ``mode``) do not change what runs here."""
     if fn is None:
-        return lambda f: Kernel(f)
-    return Kernel(fn)
+        return lambda f: Kernel(f, platform_target=platform_target)
+    return Kernel(fn, platform_target=platform_target)
 
 
 def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str] = None) -> Callable:

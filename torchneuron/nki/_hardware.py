@@ -9,8 +9,10 @@ Every figure is from AWS's public NKI architecture guides in aws-neuron/aws-neur
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import os
+from typing import Optional
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -60,9 +62,23 @@ GENERATIONS = {
 }
 
 
+# The target of the kernel being run or estimated: kernel.estimate(target=...), else @nki.jit(platform_target=...).
+TARGET: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("torchneuron_nki_target", default=None)
+_EXPLICIT: contextvars.ContextVar[bool] = contextvars.ContextVar("torchneuron_nki_target_explicit", default=False)
+
+
+def resolve(name: str, where: str) -> Generation:
+    gen = GENERATIONS.get(name.strip().lower())
+    if gen is None:
+        raise ValueError(f"{where}={name!r}: expected one of {sorted(GENERATIONS)}")
+    return gen
+
+
 def current() -> Generation:
-    """The target generation: ``NEURON_PLATFORM_TARGET_OVERRIDE`` (trn1, trn2, trn3) as on AWS, else trn2."""
-    name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2").strip().lower() or "trn2"
-    if name not in GENERATIONS:
-        raise ValueError(f"NEURON_PLATFORM_TARGET_OVERRIDE={name!r}: expected one of {sorted(GENERATIONS)}")
-    return GENERATIONS[name]
+    """The target generation. As on AWS, ``NEURON_PLATFORM_TARGET_OVERRIDE`` (trn1, trn2, trn3) overrides a
+    kernel's ``@nki.jit(platform_target=...)``; ``kernel.estimate(target=...)`` overrides both; else trn2."""
+    chosen, explicit = TARGET.get(), _EXPLICIT.get()
+    env = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip()
+    if chosen is not None and (explicit or not env):
+        return resolve(chosen, "target" if explicit else "platform_target")
+    return resolve(env or "trn2", "NEURON_PLATFORM_TARGET_OVERRIDE")
