@@ -253,6 +253,14 @@ class _Survey(cst.CSTVisitor):
 # --------------------------------------------------------------------------------------
 
 class _Rewriter(cst.CSTTransformer):
+    """The rewrite of one file: CUDA device strings, ``torch.cuda`` calls, ``.cuda()``, autocast, NCCL.
+
+    One class of about 400 lines, on purpose: libcst calls ``visit_<Node>``/``leave_<Node>`` methods by
+    node type on a single transformer, and every handler shares the file's state (the changes made,
+    the findings, the f-string quotes around the node, whether ``torch`` or the device name must be
+    imported). Its sections: helpers, strings, attributes, calls, statements and imports.
+    """
+
     METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider, ParentNodeProvider)
 
     def __init__(self, path: str, lines: list[str], torch_name: str, dev: str, dist: str):
