@@ -579,7 +579,7 @@ def format_sanitizer_report(report: dict[str, Any]) -> str:
         lines.append("Stream sanitizer: no synchronization bug found.")
         return "\n".join(lines) + "\n"
     lines.append(f"Stream sanitizer: {len(findings)} synchronization bug(s) found "
-                 "(correct here; wrong on a device that runs asynchronously):")
+                 "(a race between streams: the result depends on when each stream's work runs):")
     for i, finding in enumerate(findings, 1):
         times = f" ({finding['count']}x)" if finding["count"] > 1 else ""
         lines.append("")
