@@ -15,7 +15,9 @@ torchneuron changes:
   same object is also replaced wherever a module under that package bound it by
   name (``from .utils import use_scatter_fallback``), so callers that imported
   the name before the scope began see the replacement too; the undo puts back
-  every binding it changed.
+  every binding it changed. A class's inherited attribute is deleted again, not
+  copied down; the replacement is built once per original, so a scope begun
+  again installs the same object (tables keyed by it, such as Dynamo's, stay valid).
 * :func:`item`: an entry of a mapping (e.g. Inductor's ``lowerings`` table).
 * :func:`config`: values of a config module that has ``patch`` (Inductor's
   ``torch._inductor.config``), through that module's own ``patch``.
@@ -67,6 +69,21 @@ class Replacement:
     apply: Callable[[], Undo]
 
 
+_MISSING = object()  # a class attribute it inherits: deleted again by the undo
+
+
+def _own(owner: Any, name: str) -> Any:
+    """What ``owner.name`` holds: a class's own entry (``_MISSING`` if inherited), a module's attribute."""
+    return owner.__dict__.get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name, _MISSING)
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    if value is _MISSING:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, value)
+
+
 _index: dict[str, tuple[int, dict[int, list[tuple[Any, str]]]]] = {}  # package -> (modules seen, id -> places)
 
 
@@ -116,20 +133,25 @@ def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
             if isinstance(owner, type) else f"{owner.__name__}"
         target = f"{target.strip('.')}.{name}"
 
+    built: list[Any] = [_MISSING, None]  # the last original and its replacement
+
     def apply() -> Undo:
         original = getattr(owner, name)
-        replacement = build(original)
+        if built[0] is not original:
+            built[:] = [original, build(original)]
+        replacement = built[1]
         places = [(owner, name)]
         if bindings is not None:
             places += [place for place in _bindings(original, bindings) if place != (owner, name)]
         changed: list[tuple[Any, str, Any]] = []
         try:
             for place_owner, place_name in places:
+                before = _own(place_owner, place_name)
                 setattr(place_owner, place_name, replacement)
-                changed.append((place_owner, place_name, original))
+                changed.append((place_owner, place_name, before))
         except BaseException:
             for place_owner, place_name, value in reversed(changed):
-                setattr(place_owner, place_name, value)
+                _put(place_owner, place_name, value)
             raise
 
         modules_at_apply = len(_package_modules(bindings)) if bindings is not None else 0
@@ -141,8 +163,8 @@ def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
                 done = {(o, a) for o, a, _ in changed}
                 restore += [(m, n, original) for m, n in _bindings(replacement, bindings) if (m, n) not in done]
             for place_owner, place_name, value in reversed(restore):
-                if getattr(place_owner, place_name, None) is replacement:
-                    setattr(place_owner, place_name, value)
+                if _own(place_owner, place_name) is replacement:
+                    _put(place_owner, place_name, value)
 
         return undo
 
