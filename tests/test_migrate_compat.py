@@ -51,7 +51,7 @@ def test_every_patch_is_listed_and_undone():
     before = {t: _attribute(t) for t in listed}
     cuda_compat.enable()
     try:
-        assert len(cuda_compat._saved) == len(listed)
+        assert cuda_compat._patches().active and len(cuda_compat._patches().replacements) == len(listed)
         changed = {t for t in listed if _attribute(t) is not before[t]}
         assert changed == set(listed)
     finally:
@@ -60,6 +60,51 @@ def test_every_patch_is_listed_and_undone():
     assert not cuda_compat.is_enabled() and "is_cuda" not in torch.Tensor.__dict__
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(1, device="cuda")
+
+
+def _state() -> tuple:
+    """Every listed attribute, TorchScript's builtin table and the layer's own switches."""
+    from torch.jit import _builtins
+
+    return ({t: _attribute(t) for t in (p.target for p in cuda_compat.PATCHES)},
+            dict(_builtins._get_builtin_table()), cuda_compat.target(), cuda_compat._rng_mode)
+
+
+def test_everything_undone_when_the_body_or_enable_fails(monkeypatch):
+    """The scope ends by an exception, enable() fails half-way through the patches or after them: every
+    patch is undone, last first, and the layer is off."""
+    before = _state()
+    with pytest.raises(KeyError, match="body"):
+        with cuda_compat.enabled():
+            assert torch.zeros(1, device="cuda").device.type == "neuron"
+            raise KeyError("body")
+    assert _state() == before and "is_cuda" not in torch.Tensor.__dict__
+
+    from torch.jit import _builtins
+
+    register, calls = _builtins._register_builtin, []
+
+    def fails_the_fifth(fn, op):
+        calls.append(op)
+        if len(calls) == 5:
+            raise RuntimeError("fifth")
+        register(fn, op)
+
+    monkeypatch.setattr(_builtins, "_register_builtin", fails_the_fifth)
+    with pytest.raises(RuntimeError, match="fifth"):
+        cuda_compat.enable()
+    assert _state() == before and not cuda_compat._patches().active
+    monkeypatch.undo()
+
+    from torchneuron.migrate import host_rng
+
+    def fails(self):
+        raise RuntimeError("host rng")
+
+    monkeypatch.setattr(host_rng.HostRNGMode, "__enter__", fails)
+    with pytest.raises(RuntimeError, match="host rng"):
+        cuda_compat.enable(host_rng=True)
+    assert _state() == before and not cuda_compat.is_enabled()
 
 
 def test_device_arguments_mean_neuron(compat):

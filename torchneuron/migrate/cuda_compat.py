@@ -1,9 +1,9 @@
 """The CUDA compatibility layer: programs written for CUDA run on neuron unchanged.
 
-This module is the one place where torchneuron patches PyTorch. Every patch is
-an attribute replaced on a PyTorch object, listed in :data:`PATCHES`, applied by
-:func:`enable` and undone by :func:`disable` (which puts back the very objects
-it replaced).
+Every patch is an attribute replaced on a PyTorch object, listed in
+:data:`PATCHES` and applied as one :class:`~torchneuron._patch.PatchSet` by
+:func:`enable`; :func:`disable` undoes it, last applied first, putting back the
+very objects it replaced.
 
 What the layer does:
 
@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .._patch import Patch
+from .._patch import Patch, PatchSet, Replacement, attribute
 
 __all__ = ["PATCHES", "Patch", "disable", "enable", "enabled", "is_enabled", "set_recorder", "target"]
 
@@ -69,13 +69,10 @@ _lock = threading.RLock()
 _target: Optional[str] = None          # "neuron" or "cpu" while enabled
 _host_rng = False
 _int_is_cuda = False                   # with the CPU target, device=0 means cuda:0 too
-_MISSING = object()
-_saved: list[tuple[Any, str, Any]] = []  # (owner, name, original or _MISSING) in application order
-_jit_ids: list[int] = []
+_patch_set: Optional[PatchSet] = None  # built at the first use (it needs torch.neuron)
 _rng_mode: Any = None
 _recorder: Optional[Callable[[str], None]] = None
 _str_cache: dict[str, _Device] = {}
-_built: dict[tuple[int, str], tuple[Any, Any]] = {}  # (owner, name) -> (original, its replacement)
 
 
 def is_enabled() -> bool:
@@ -771,13 +768,46 @@ def _owner_name(owner: Any) -> str:
     return f"{owner.__module__}.{owner.__qualname__}"
 
 
-def _describe() -> tuple[Patch, ...]:
-    return tuple(Patch(f"{_owner_name(owner)}.{attr}", what) for owner, attr, what, _ in _patch_table())
+def _known_to_torchscript(replacement: Replacement, name: str) -> Replacement:
+    """``replacement`` of ``torch.<name>``, its wrapper also registered with TorchScript, which
+    resolves ``torch.<fn>`` by identity."""
+
+    def apply() -> Callable[[], None]:
+        undo = replacement.apply()
+        wrapper = getattr(torch, name)
+        if not getattr(wrapper, "_torchneuron_compat", False):
+            return undo
+        try:
+            torch.jit._builtins._register_builtin(wrapper, f"aten::{name}")
+        except BaseException:
+            undo()
+            raise
+
+        def forget_then_undo() -> None:
+            torch.jit._builtins._get_builtin_table().pop(id(wrapper), None)
+            undo()
+
+        return forget_then_undo
+
+    return Replacement(replacement.patch, apply)
+
+
+def _patches() -> PatchSet:
+    """The layer's :class:`PatchSet`, built from :func:`_patch_table` at the first use."""
+    global _patch_set
+    with _lock:
+        if _patch_set is None:
+            replacements = []
+            for owner, attr, what, make in _patch_table():
+                r = attribute(owner, attr, make, what, target=f"{_owner_name(owner)}.{attr}")
+                replacements.append(_known_to_torchscript(r, attr) if owner is torch else r)
+            _patch_set = PatchSet("CUDA compatibility layer", replacements)
+        return _patch_set
 
 
 def __getattr__(name: str) -> Any:
     if name == "PATCHES":  # computed on use: the table needs torch.neuron, loaded after this module
-        return _describe()
+        return _patches().patches
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -813,58 +843,43 @@ def enable(device: str = "neuron", *, host_rng: bool = False) -> None:
         torch.jit._builtins._get_builtin_table()
         torch.utils._device._device_constructors()
         _dynamo_tables(build=True)
+        patches = _patches()
         _target, _host_rng, _int_is_cuda = device, host_rng, device == "cpu"
         _str_cache.clear()
         _replacements.clear()
         try:
-            for owner, attr, _, make in _patch_table():
-                # A class attribute it inherits is deleted again on disable, not copied down.
-                original = (owner.__dict__.get(attr, _MISSING) if isinstance(owner, type)
-                            else getattr(owner, attr))
-                current = getattr(owner, attr)
-                # The same replacement object every time: tables that captured it (Dynamo's) stay valid.
-                built = _built.get((id(owner), attr))
-                if built is None or built[0] is not current:
-                    built = _built[(id(owner), attr)] = (current, make(current))
-                replacement = built[1]
-                setattr(owner, attr, replacement)
-                _saved.append((owner, attr, original))
-                if owner is torch and getattr(replacement, "_torchneuron_compat", False):
-                    # TorchScript resolves torch.<fn> by identity: teach it the wrapper.
-                    torch.jit._builtins._register_builtin(replacement, f"aten::{attr}")
-                    _jit_ids.append(id(replacement))
+            # The same replacement objects every time: tables that captured them (Dynamo's) stay valid.
+            patches.apply()
             if host_rng and device == "neuron":
                 from .host_rng import HostRNGMode
 
-                _rng_mode = HostRNGMode()
-                _rng_mode.__enter__()
+                mode = HostRNGMode()
+                mode.__enter__()
+                _rng_mode = mode  # only once entered: disable() exits it
         except BaseException:
             disable()
             raise
-    log.info("CUDA compatibility layer on: cuda -> %s (%d patches)", device, len(_saved))
+    log.info("CUDA compatibility layer on: cuda -> %s (%d patches)", device, len(patches.replacements))
 
 
 def disable() -> None:
     """Turn the layer off, putting back every replaced attribute."""
-    global _target, _host_rng, _int_is_cuda, _rng_mode
-    with _lock:
+    global _rng_mode
+    with _lock, contextlib.ExitStack() as undo:  # last pushed first, each also when one before failed
+        undo.callback(_forget_target)
+        if _patch_set is not None:
+            undo.callback(_patch_set.reset)
         if _rng_mode is not None:
-            _rng_mode.__exit__(None, None, None)
+            undo.callback(_rng_mode.__exit__, None, None, None)
             _rng_mode = None
-        table = torch.jit._builtins._get_builtin_table() if _jit_ids else {}
-        for i in _jit_ids:
-            table.pop(i, None)
-        _jit_ids.clear()
-        while _saved:
-            owner, attr, original = _saved.pop()
-            if original is _MISSING:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
-        _target, _host_rng, _int_is_cuda = None, False, False
-        _str_cache.clear()
-        _replacements.clear()
-        _dynamo_tables(build=False)
+
+
+def _forget_target() -> None:
+    global _target, _host_rng, _int_is_cuda
+    _target, _host_rng, _int_is_cuda = None, False, False
+    _str_cache.clear()
+    _replacements.clear()
+    _dynamo_tables(build=False)
 
 
 def _dynamo_tables(build: bool) -> None:
