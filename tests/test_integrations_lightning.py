@@ -229,6 +229,33 @@ def test_unregister_puts_lightning_back():
     assert L.Trainer(accelerator="neuron", devices=1, **QUIET).strategy.root_device.type == "neuron"
 
 
+def test_register_failing_half_way_puts_lightning_back(monkeypatch):
+    """A patch that fails while register() applies them: those applied before it and the registry entry
+    are undone, last first, and register() works again afterwards."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.strategies.ddp import DDPStrategy
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    def state():
+        return dict(AcceleratorRegistry), dict(_AcceleratorConnector.__dict__), dict(DDPStrategy.__dict__)
+
+    tl.unregister("lightning.pytorch")
+    try:
+        before = state()
+
+        def fails(orig, namespace, accelerator_cls):
+            raise RuntimeError("third patch")
+
+        monkeypatch.setattr(tl, "_TABLE", tl._TABLE[:2] + (tl._TABLE[2][:4] + (fails,),))
+        with pytest.raises(RuntimeError, match="third patch"):
+            tl.register("lightning.pytorch")
+        assert not tl.is_registered() and state() == before
+    finally:
+        monkeypatch.undo()
+        tl.register("lightning.pytorch")
+    assert tl.is_registered() and "neuron" in AcceleratorRegistry
+
+
 def test_registered_when_lightning_is_imported_later(runs):
     stdout, _ = runs.result("later_import")
     assert stdout.strip().splitlines()[-1] == "neuron:0 neuron:1"

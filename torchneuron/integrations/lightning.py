@@ -33,8 +33,8 @@ What Lightning offers and what it does not (Lightning 2.6):
   CPU; mixed precision autocasts on ``"cuda"`` for every accelerator but the
   CPU and MPS. They are changed here in the manner of the CUDA compatibility
   layer: each change is listed in :data:`PATCHES` (for every namespace),
-  applied by :func:`register`, undone by :func:`unregister`, and does nothing
-  unless the device is neuron. A strategy subclass put into
+  applied as a :class:`~torchneuron._patch.PatchSet` by :func:`register`,
+  undone by :func:`unregister`, and does nothing unless the device is neuron. A strategy subclass put into
   ``StrategyRegistry`` under ``"ddp"`` would avoid the DDP change only for
   strategies given by name, not for ``DDPStrategy(...)`` objects, and would
   change the class every DDP user gets.
@@ -60,7 +60,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .._patch import Patch
+from .._patch import Patch, PatchSet, attribute
 
 __all__ = [
     "NAMESPACES", "NeuronAccelerator", "PATCHES", "PLNeuronAccelerator", "Patch", "accelerator_class", "is_registered",
@@ -78,7 +78,7 @@ _CLASS_NAMES = {"lightning.pytorch": "NeuronAccelerator", "pytorch_lightning": "
 
 _lock = threading.RLock()
 _classes: dict[str, type] = {}                           # namespace -> its NeuronAccelerator
-_registered: dict[str, list[tuple[Any, str, Any]]] = {}  # namespace -> (owner, attribute, original) applied
+_registered: dict[str, tuple[PatchSet, Any, Any]] = {}  # namespace -> (its patches, registry, entry before)
 _MISSING = object()
 
 
@@ -220,7 +220,7 @@ def __getattr__(name: str) -> Any:
     if name == _CLASS_NAMES["pytorch_lightning"]:
         return accelerator_class("pytorch_lightning")
     if name == "PATCHES":
-        return tuple(Patch(f"{ns}.{module}.{owner}.{attr}", what)
+        return tuple(Patch(_target(ns, module, owner, attr), what)
                      for ns in NAMESPACES for module, owner, attr, what, _ in _TABLE)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -297,6 +297,20 @@ _TABLE: tuple[tuple[str, str, str, str, Callable[..., Callable]], ...] = (
 )
 
 
+def _target(namespace: str, module: str, owner: str, attr: str) -> str:
+    return f"{namespace}.{module}.{owner}.{attr}"
+
+
+def _patches(namespace: str, accelerator_cls: type) -> PatchSet:
+    """:data:`PATCHES` of one namespace, made for its ``NeuronAccelerator`` (importing the modules they change)."""
+    replacements = []
+    for module, owner_name, attr, what, make in _TABLE:
+        owner = getattr(importlib.import_module(f"{namespace}.{module}"), owner_name)
+        replacements.append(attribute(owner, attr, lambda orig, make=make: make(orig, namespace, accelerator_cls),
+                                      what, target=_target(namespace, module, owner_name, attr)))
+    return PatchSet(f"Lightning ({namespace}) on neuron", replacements)
+
+
 # --------------------------------------------------------------------------------------
 # register / unregister
 # --------------------------------------------------------------------------------------
@@ -331,36 +345,27 @@ def register(namespace: Optional[str] = None) -> list[str]:
                 continue
             cls = accelerator_class(ns)
             registry = importlib.import_module(f"{ns}.accelerators").AcceleratorRegistry
-            applied: list[tuple[Any, str, Any]] = []
+            patches = _patches(ns, cls)
+            before = dict.get(registry, ACCELERATOR_NAME, _MISSING)
             try:
-                applied.append((registry, ACCELERATOR_NAME, dict.get(registry, ACCELERATOR_NAME, _MISSING)))
                 cls.register_accelerators(registry)
-                for module, owner_name, attr, _, make in _TABLE:
-                    owner = getattr(importlib.import_module(f"{ns}.{module}"), owner_name)
-                    original = owner.__dict__.get(attr, _MISSING)
-                    replacement = make(getattr(owner, attr), ns, cls)
-                    setattr(owner, attr, replacement)
-                    applied.append((owner, attr, original))
+                patches.apply()  # undoes those it applied if one fails
             except BaseException:
-                _undo(applied)
+                _put_back(registry, before)
                 raise
-            _registered[ns] = applied
+            _registered[ns] = (patches, registry, before)
             done.append(ns)
-            log.info("Lightning (%s): accelerator %r registered, %d patches", ns, ACCELERATOR_NAME, len(applied) - 1)
+            log.info("Lightning (%s): accelerator %r registered, %d patches", ns, ACCELERATOR_NAME,
+                     len(patches.replacements))
     return done
 
 
-def _undo(applied: list[tuple[Any, str, Any]]) -> None:
-    for owner, attr, original in reversed(applied):
-        if isinstance(owner, dict):
-            if original is _MISSING:
-                owner.pop(attr, None)
-            else:
-                owner[attr] = original
-        elif original is _MISSING:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, original)
+def _put_back(registry: dict, entry: Any) -> None:
+    """Give ``registry`` back the entry it had under ``"neuron"`` before :func:`register` (or none)."""
+    if entry is _MISSING:
+        registry.pop(ACCELERATOR_NAME, None)
+    else:
+        registry[ACCELERATOR_NAME] = entry
 
 
 def unregister(namespace: Optional[str] = None) -> None:
@@ -371,7 +376,12 @@ def unregister(namespace: Optional[str] = None) -> None:
     """
     with _lock:
         for ns in (NAMESPACES if namespace is None else (namespace,)):
-            _undo(_registered.pop(ns, []))
+            if ns in _registered:
+                patches, registry, before = _registered.pop(ns)
+                try:
+                    patches.reset()  # last applied first
+                finally:
+                    _put_back(registry, before)
 
 
 # --------------------------------------------------------------------------------------
