@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
-from .._patch import Patch
+from .._patch import Patch, PatchSet, Replacement, attribute
 
 __all__ = ["PATCHES", "Patch", "disable", "enable", "is_enabled"]
 
@@ -69,20 +69,7 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 _lock = threading.RLock()
-_saved: list[tuple[Any, Any, Any]] = []  # (container, key, original), in the order applied
-
-
-def _set(container: Any, key: Any, value: Any) -> None:
-    if isinstance(container, (dict, _HopKernel)):
-        container[key] = value
-    else:
-        setattr(container, key, value)
-
-
-def _replace(container: Any, key: Any, build: Callable[[Any], Any]) -> None:
-    original = container[key] if isinstance(container, dict) else getattr(container, key)
-    _set(container, key, build(original))
-    _saved.append((container, key, original))
+_eager: Optional[PatchSet] = None  # the first two PATCHES, built by the first enable()
 
 
 def _validate_device(original: Callable[..., None]) -> Callable[..., None]:
@@ -132,21 +119,37 @@ def _autograd_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
     return flex_attention_autograd_neuron
 
 
-class _HopKernel:
-    """``op.py_kernels[key]`` as a patchable container (the operator caches its dispatch: cleared on change)."""
+def _set_kernel(op: Any, key: Any, kernel: Any) -> None:
+    """``op.py_kernels[key] = kernel`` (None: no entry); the operator caches its dispatch: cleared."""
+    if kernel is None:
+        op.py_kernels.pop(key, None)
+    else:
+        op.py_kernels[key] = kernel
+    op._dispatch_cache.clear()
 
-    def __init__(self, op: Any) -> None:
-        self.op = op
 
-    def __getitem__(self, key: Any) -> Any:
-        return self.op.py_kernels.get(key)
+def _autograd_patch(op: Any, autograd: Callable[..., Any]) -> Replacement:
+    """The second of :data:`PATCHES`: ``op``'s PrivateUse1 autograd kernel, which dispatch then reaches."""
+    from torch._C import DispatchKey
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if value is None:
-            self.op.py_kernels.pop(key, None)
-        else:
-            self.op.py_kernels[key] = value
-        self.op._dispatch_cache.clear()
+    key = DispatchKey.AutogradPrivateUse1
+
+    def apply() -> Callable[[], None]:
+        keys, original = op.non_fallthrough_keys, op.py_kernels.get(key)
+        op.non_fallthrough_keys = keys.add(key)
+        try:
+            _set_kernel(op, key, _autograd_kernel(original if original is not None else autograd))
+        except BaseException:
+            op.non_fallthrough_keys = keys
+            raise
+
+        def undo() -> None:
+            _set_kernel(op, key, original)
+            op.non_fallthrough_keys = keys
+
+        return undo
+
+    return Replacement(PATCHES[1], apply)
 
 
 def enable() -> None:
@@ -154,7 +157,7 @@ def enable() -> None:
 
     Idempotent.
     """
-    from torch._C import DispatchKey
+    global _eager
     from torch.nn.attention import flex_attention as fa
 
     try:
@@ -166,15 +169,13 @@ def enable() -> None:
         log.debug("FlexAttention on neuron: no _validate_device in torch.nn.attention.flex_attention, not enabled")
         return
     with _lock:
-        if any(container is fa and key == "_validate_device" for container, key, _ in _saved):
-            return
-        _replace(fa, "_validate_device", _validate_device)
-        key = DispatchKey.AutogradPrivateUse1
-        _replace(flex_attention, "non_fallthrough_keys", lambda keys: keys.add(key))  # dispatch reaches the key
-        kernels = _HopKernel(flex_attention)
-        original = kernels[key]
-        kernels[key] = _autograd_kernel(original if original is not None else flex_attention_autograd)
-        _saved.append((kernels, key, original))
+        if _eager is None:
+            _eager = PatchSet("FlexAttention on neuron", (
+                attribute(fa, "_validate_device", _validate_device, PATCHES[0].what, target=PATCHES[0].target),
+                _autograd_patch(flex_attention, flex_attention_autograd),
+            ))
+        if not _eager.active:
+            _eager.apply()
 
 
 def _flex_attention_key() -> list[Any]:
@@ -190,16 +191,15 @@ def _inductor_patch() -> Any:
 
 
 def is_enabled() -> bool:
-    """Whether any entry of :data:`PATCHES` is applied."""
-    return bool(_saved)
+    """Whether the first two :data:`PATCHES` are applied (the third is applied only while a neuron graph compiles)."""
+    return _eager is not None and _eager.active
 
 
 def disable() -> None:
     """Put back every replaced attribute, last applied first."""
     with _lock:
-        while _saved:
-            container, key, original = _saved.pop()
-            _set(container, key, original)
+        if _eager is not None:
+            _eager.reset()
 
 
 def __getattr__(name: str) -> Any:
