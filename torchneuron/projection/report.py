@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from torchneuron._patch import PatchSet, attribute
 from torchneuron.projection import counting as C
 from torchneuron.projection.model import ModelHints, Parallelism, Target, get_target, step_time
 
@@ -390,7 +391,7 @@ def count(fake: bool = False, group_size: int = 1, full_steps: Optional[int] = 2
     with contextlib.ExitStack() as stack:
         if fake:
             stack.enter_context(C.fake_mode())
-            stack.enter_context(_fake_module_moves())
+            stack.enter_context(FAKE_PATCHES.scope())
         stack.enter_context(counter)
         _active.append(proj)
         try:
@@ -402,17 +403,13 @@ def count(fake: bool = False, group_size: int = 1, full_steps: Optional[int] = 2
         logger.warning("projection: %d value(s) read back to Python were 1 in fake mode", counter.data_dependent_reads)
 
 
-@contextlib.contextmanager
-def _fake_module_moves() -> Iterator[None]:
-    """The one change to PyTorch made while counting on fake tensors, undone on exit.
+def _fake_module_moves(original: Any) -> Any:
+    """``Module._apply`` for modules whose parameters are fake: new parameters (and buffers) in their place.
 
     ``Module.to``, ``.neuron()``, ``.half()`` and the like go through ``Module._apply``, which swaps
-    each parameter for its converted copy, and PyTorch cannot swap a fake parameter. On modules
-    whose parameters are fake, ``_apply`` puts new parameters (and buffers) in their place instead.
+    each parameter for its converted copy, and PyTorch cannot swap a fake parameter.
     """
     from torch._subclasses.fake_tensor import FakeTensor
-
-    original = torch.nn.Module._apply
 
     def _apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
         if not isinstance(next(iter(self.parameters()), None), FakeTensor):
@@ -427,11 +424,15 @@ def _fake_module_moves() -> Iterator[None]:
                         module._buffers[name] = fn(b)
         return self
 
-    torch.nn.Module._apply = _apply  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module._apply = original  # type: ignore[method-assign]
+    return _apply
+
+
+#: The one change to PyTorch made while counting on fake tensors, in force for the count.
+FAKE_PATCHES = PatchSet("projection on fake tensors", (
+    attribute(torch.nn.Module, "_apply", _fake_module_moves,
+              "a module whose parameters are fake gets new parameters from .to(), .half() and the like "
+              "(PyTorch cannot swap a fake parameter)", target="torch.nn.Module._apply"),
+))
 
 
 def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: Optional[int] = 2,
