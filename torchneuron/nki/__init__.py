@@ -27,19 +27,27 @@ kernel's line. :func:`nki_op` registers a function that calls kernels as a PyTor
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+
+from torchneuron import _C
 
 from . import _hardware
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
-from ._core import _RUN, HbmTensor, KernelRun, Tile, TileView
+from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake
 
-__all__ = ["jit", "nki_op", "Kernel", "Estimate", "language", "isa"]
+__all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
+           "isa"]
+
+#: The generations a kernel can target and be estimated for.
+TARGETS: Tuple[str, ...] = tuple(_hardware.GENERATIONS)
 
 
 @dataclasses.dataclass
@@ -74,6 +82,50 @@ class Estimate:
                 f"PSUM peak {self.psum_peak_bytes_per_partition} B/partition")
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+    """One call of a kernel as it ran: its instructions, each with what it did, which is the same on every
+    generation, so :meth:`estimate` gives the call's cost on any target without running it again."""
+
+    name: str
+    target: str  # the generation it ran for (its limits were checked against this one)
+    instructions: Tuple[Instruction, ...]
+    sbuf_peak_bytes_per_partition: int
+    psum_peak_bytes_per_partition: int
+
+    def estimate(self, target: Optional[str] = None) -> Estimate:
+        """What the call would cost on one NeuronCore of ``target`` (default: the one it ran for)."""
+        gen = _hardware.resolve(target, "target") if target is not None else _hardware.resolve(self.target, "target")
+        totals: Dict[str, float] = {}
+        same = gen.name == self.target
+        for i in self.instructions:
+            seconds = i.seconds if same else _hardware.instruction_seconds(i.engine, i.work, gen)
+            totals[i.engine] = totals.get(i.engine, 0.0) + seconds
+        return Estimate(gen.name, totals, len(self.instructions), self.sbuf_peak_bytes_per_partition,
+                        self.psum_peak_bytes_per_partition)
+
+
+# The calls being recorded (record_calls), else None.
+_CALLS: contextvars.ContextVar[Optional[List[KernelCall]]] = contextvars.ContextVar("torchneuron_nki_calls",
+                                                                                      default=None)
+
+
+@contextlib.contextmanager
+def record_calls() -> Iterator[List[KernelCall]]:
+    """Record every kernel call made inside the block (not ``estimate``'s runs), in order::
+
+        with nki.record_calls() as calls:
+            y = my_nki_op(x)
+        print(sum(c.estimate("trn1").seconds for c in calls))
+    """
+    calls: List[KernelCall] = []
+    token = _CALLS.set(calls)
+    try:
+        yield calls
+    finally:
+        _CALLS.reset(token)
+
+
 class Kernel:
     """A function decorated with ``@nki.jit``; ``kernel[grid](...)`` launches a grid of programs."""
 
@@ -93,10 +145,13 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         token = _hardware.TARGET.set(self.platform_target)
         try:
-            result, estimate = self._run(args, kwargs)
+            result, call = self._run(args, kwargs)
         finally:
             _hardware.TARGET.reset(token)
-        self.last_estimate = estimate
+        self.last_estimate = call.estimate()
+        calls = _CALLS.get()
+        if calls is not None:
+            calls.append(call)
         return result
 
     def estimate(self, *args, target: Optional[str] = None, **kwargs) -> Estimate:
@@ -106,14 +161,15 @@ class Kernel:
         tokens = (_hardware.TARGET.set(target if target is not None else self.platform_target),
                   _hardware._EXPLICIT.set(target is not None))
         try:
-            _, estimate = self._run(args, kwargs)
+            _, call = self._run(args, kwargs)
         finally:
             _hardware._EXPLICIT.reset(tokens[1])
             _hardware.TARGET.reset(tokens[0])
-        return estimate
+        return call.estimate()
 
-    def _run(self, args, kwargs):
+    def _run(self, args, kwargs) -> Tuple[Any, KernelCall]:
         device = None
+        tensors = []
         for a in itertools.chain(args, kwargs.values()):
             if isinstance(a, torch.Tensor):
                 if a.device.type != "neuron":
@@ -122,6 +178,7 @@ class Kernel:
                 if device is not None and a.device != device:
                     raise ValueError(f"{self.fn.__name__}: tensors on {device} and {a.device}; a kernel runs on one device")
                 device = a.device
+                tensors.append(a)
         if device is None:
             device = torch.device("neuron", torch.neuron.current_device())
         wrap = lambda a: HbmTensor(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
@@ -129,22 +186,33 @@ class Kernel:
         wkwargs = {k: wrap(v) for k, v in kwargs.items()}
         programs = list(itertools.product(*(range(g) for g in self.grid))) if self.grid else [()]
         shared: list = []
-        totals: Dict[str, float] = {}
-        count = sbuf_peak = psum_peak = 0
-        result = None
+        instructions: List[Instruction] = []
+        peaks = [0, 0]
         gen = _hardware.current()
-        for program in programs:
-            r = KernelRun(device, self.grid, program, shared)
-            token = _RUN.set(r)
-            try:
-                result = self.fn(*wargs, **wkwargs)
-            finally:
-                _RUN.reset(token)
-            for k, v in r.engine_seconds().items():
-                totals[k] = totals.get(k, 0.0) + v
-            count += len(r.instructions)
-            sbuf_peak, psum_peak = max(sbuf_peak, r.sbuf_peak), max(psum_peak, r.psum_peak)
-        return _unwrap(result, self.fn.__name__), Estimate(gen.name, totals, count, sbuf_peak, psum_peak)
+        # Under torch.profiler the kernel is device work of its own, named for it, on the device's
+        # current stream, and each of its instructions one inside it (not for fake tensors: no work).
+        profiled = torch.autograd._profiler_enabled() and not any(_fake(t) for t in tensors)
+
+        def programs_run(*_tensors):
+            result = None
+            for program in programs:
+                r = KernelRun(device, self.grid, program, shared)
+                r.profiled = profiled
+                token = _RUN.set(r)
+                try:
+                    result = self.fn(*wargs, **wkwargs)
+                finally:
+                    _RUN.reset(token)
+                instructions.extend(r.instructions)
+                peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
+            return result
+
+        if profiled:
+            result = _C._launch(f"nki:{self.fn.__name__}", device.index, programs_run, *tensors)
+        else:
+            result = programs_run()
+        call = KernelCall(self.fn.__name__, gen.name, tuple(instructions), peaks[0], peaks[1])
+        return _unwrap(result, self.fn.__name__), call
 
 
 def _unwrap(x, name: str):
@@ -177,6 +245,17 @@ def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str]
     def register(fn: Callable):
         op = torch.library.custom_op(name, fn, mutates_args=tuple(mutates_args), device_types="neuron", schema=schema)
         op.register_fake(fn)
+        _OPS.add(name)
         return op
 
     return register
+
+
+_OPS: set = set()  # the names of the ops nki_op registered ("ns::op")
+
+
+def is_nki_op(op: Any) -> bool:
+    """Whether ``op`` (an ``OpOverload`` such as ``torch.ops.mylib.rmsnorm.default``, or its name
+    ``"mylib::rmsnorm"``) was registered by :func:`nki_op`: its calls run NKI kernels."""
+    schema = getattr(op, "_schema", None)
+    return (schema.name if schema is not None else str(op)) in _OPS

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import math
 import os
 import sys
 import weakref
-from collections import defaultdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -75,10 +75,14 @@ def _fake(t: torch.Tensor) -> bool:
 
 @dataclasses.dataclass
 class Instruction:
+    """One instruction a kernel ran: its engine, what it did (``work``, see
+    :func:`_hardware.instruction_seconds`), and its time on the target it ran for."""
+
     name: str
     engine: str
     seconds: float
     line: str
+    work: tuple
 
 
 class KernelRun:
@@ -96,15 +100,13 @@ class KernelRun:
         self.psum_banks_live = 0
         self.sbuf_peak = self.psum_peak = 0
         self.instructions: List[Instruction] = []
+        # Under torch.profiler each instruction runs as device work named for it (see instruction()).
+        self.profiled = False
+        self.in_instruction = False
 
-    def charge(self, name: str, engine: str, seconds: float) -> None:
-        self.instructions.append(Instruction(name, engine, seconds, kernel_line()))
-
-    def engine_seconds(self) -> Dict[str, float]:
-        out: Dict[str, float] = defaultdict(float)
-        for i in self.instructions:
-            out[i.engine] += i.seconds
-        return dict(out)
+    def charge(self, name: str, engine: str, work: tuple) -> None:
+        seconds = hw.instruction_seconds(engine, work, self.gen)
+        self.instructions.append(Instruction(name, engine, seconds, kernel_line(), work))
 
 
 _RUN: contextvars.ContextVar[Optional[KernelRun]] = contextvars.ContextVar("torchneuron_nki_run", default=None)
@@ -115,6 +117,29 @@ def run() -> KernelRun:
     if r is None:
         fail(RuntimeError, "NKI instructions run inside a kernel: call a function decorated with @nki.jit")
     return r
+
+
+def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
+    """``fn`` (an ``nl``/``nisa`` function) as an instruction: while torch.profiler records, the
+    kernel's call of it runs as device work named ``nki.<name>`` on the kernel's stream, through the
+    runtime's launch like every kernel, so that its time is an event of the device's lane. An
+    instruction called by another (``nl.matmul``'s ``nc_matmul``) is part of the outer one's event."""
+    event = "nki." + (name or fn.__name__)
+
+    @functools.wraps(fn)
+    def run_instruction(*args, **kwargs):
+        r = _RUN.get()
+        if r is None or not r.profiled or r.in_instruction:
+            return fn(*args, **kwargs)
+        from torchneuron import _C
+
+        r.in_instruction = True
+        try:
+            return _C._launch(event, r.device.index, lambda: fn(*args, **kwargs))
+        finally:
+            r.in_instruction = False
+
+    return run_instruction
 
 
 # ---- tiles ----------------------------------------------------------------------------------------
@@ -193,6 +218,7 @@ class Tile:
         view = TileView(self, Ellipsis if idx == (Ellipsis,) else idx)
         write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
 
+    @instruction
     def broadcast_to(self, shape) -> "Tile":
         """This tile repeated along axes of size 1 (partitions included), as a new SBUF tile."""
         data = read(self, "broadcast_to")

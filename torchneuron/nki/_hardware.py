@@ -62,6 +62,31 @@ GENERATIONS = {
 }
 
 
+def instruction_seconds(engine: str, work: tuple, gen: Generation) -> float:
+    """What one instruction takes on ``gen``'s ``engine``, from what it does (``work``, the same on every
+    generation): the cost model of ``kernel.estimate``, in one place.
+
+    ``work`` per engine: TensorE ``(rows, rate)``, rows the moving operand's free size (a transpose: its
+    partitions), rate ``"fp32"``, ``"fp8"`` or ``"16bit"``: max(rows, 64) cycles, x4 for fp32, fp8 at the
+    generation's fp8 speedup. VectorE and GpSimd ``(elements, sixteen_bit)``, elements per partition over
+    all inputs: that many cycles over the lanes beyond 128 (16-bit dtypes have more on trn2 and trn3), plus
+    100. ScalarE ``(elements,)``: one per partition per cycle, plus 100. DMA ``(bytes,)``: over the core's
+    share of HBM bandwidth.
+    """
+    if engine == "TensorE":
+        rows, rate = work
+        factor = FP32_MATMUL_FACTOR if rate == "fp32" else (1.0 / gen.fp8_speedup if rate == "fp8" else 1.0)
+        return max(rows, MM_INIT_LATENCY_CYCLES) * factor / (gen.tensor_ghz * 1e9)
+    if engine == "DMA":
+        return work[0] / gen.hbm_bytes_per_s_per_core
+    if engine == "ScalarE":
+        return (work[0] + VECTOR_STATIC_OVERHEAD_CYCLES) / (gen.scalar_ghz * 1e9)
+    elements, sixteen_bit = work
+    lanes = gen.vector_lanes_16bit if sixteen_bit else gen.vector_lanes_fp32
+    cycles = elements / max(1.0, lanes / PMAX) + VECTOR_STATIC_OVERHEAD_CYCLES
+    return cycles / ((gen.gpsimd_ghz if engine == "GpSimd" else gen.vector_ghz) * 1e9)
+
+
 # The target of the kernel being run or estimated: kernel.estimate(target=...), else @nki.jit(platform_target=...).
 TARGET: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("torchneuron_nki_target", default=None)
 _EXPLICIT: contextvars.ContextVar[bool] = contextvars.ContextVar("torchneuron_nki_target_explicit", default=False)

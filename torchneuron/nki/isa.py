@@ -13,7 +13,7 @@ import torch
 
 from . import _hardware as hw
 from . import language as nl
-from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, psum, read, run, sbuf, write
+from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, instruction, psum, read, run, sbuf, write
 
 __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
            "tensor_copy", "iota", "dma_copy", "memset", "affine_select"]
@@ -58,6 +58,7 @@ def _torch_op(op, what: str):
     return fn
 
 
+@instruction
 def nc_matmul(*args, **kwargs):
     """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
     (N <= 512), the result [M, N] in PSUM as float32. Into a PSUM ``dst`` it accumulates: the first
@@ -87,9 +88,8 @@ def nc_matmul(*args, **kwargs):
                         f"cast one first")
     ds, dmv = defined(stationary), defined(moving)
     valid = both((mm, n), None if ds is None else ds.all(0)[:, None], None if dmv is None else dmv.all(0)[None, :])
-    r = run()
-    factor = hw.FP32_MATMUL_FACTOR if s.element_size() == 4 else (1.0 / r.gen.fp8_speedup if s.element_size() == 1 else 1.0)
-    r.charge("nc_matmul", "TensorE", max(n, hw.MM_INIT_LATENCY_CYCLES) * factor / (r.gen.tensor_ghz * 1e9))
+    rate = "fp32" if s.element_size() == 4 else ("fp8" if s.element_size() == 1 else "16bit")
+    run().charge("nc_matmul", "TensorE", (n, rate))
     st, mv = (s, m) if s.dtype == m.dtype == torch.float32 else (s.float(), m.float())
     fast = (dst is not None and valid is None and dst.index is Ellipsis and dst.buffer is psum
             and tuple(dst.tile.shape) == (mm, n) and kwargs.get("accumulate") is None)
@@ -127,6 +127,7 @@ def nc_matmul(*args, **kwargs):
     return dst
 
 
+@instruction
 def nc_transpose(*args, **kwargs):
     """The transpose of a [P, F] tile (P, F <= 128) through TensorE, into PSUM."""
     dst, rest = _split_dst(args, kwargs, 1)
@@ -134,13 +135,12 @@ def nc_transpose(*args, **kwargs):
     x = read(data, "nc_transpose")
     if x.dim() != 2 or x.shape[1] > hw.PMAX:
         fail(ValueError, f"nc_transpose takes a 2-D tile of at most {hw.PMAX}x{hw.PMAX}, got {tuple(x.shape)}")
-    r = run()
-    factor = hw.FP32_MATMUL_FACTOR if x.element_size() == 4 else 1.0
-    r.charge("nc_transpose", "TensorE", max(x.shape[0], hw.MM_INIT_LATENCY_CYCLES) * factor / (r.gen.tensor_ghz * 1e9))
+    run().charge("nc_transpose", "TensorE", (x.shape[0], "fp32" if x.element_size() == 4 else "16bit"))
     d = defined(data)
     return _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
 
 
+@instruction
 def activation(*args, **kwargs):
     """ScalarE: op(data * scale + bias), bias a [P, 1] tile (or a scalar), scale a scalar or [P, 1] tile."""
     dst, rest = _split_dst(args, kwargs, 2)
@@ -159,6 +159,7 @@ def activation(*args, **kwargs):
                     valid=valid)
 
 
+@instruction
 def tensor_tensor(*args, **kwargs):
     """VectorE: op(data1, data2) elementwise over two tiles of one shape."""
     dst, rest = _split_dst(args, kwargs, 3)
@@ -172,6 +173,7 @@ def tensor_tensor(*args, **kwargs):
                     valid=both(tuple(a.shape), defined(data1), defined(data2)))
 
 
+@instruction
 def tensor_scalar(*args, **kwargs):
     """VectorE: op1(op0(data, operand0), operand1), each operand a scalar or a [P, 1] tile."""
     dst, rest = _split_dst(args, kwargs, 3)
@@ -194,6 +196,7 @@ def tensor_scalar(*args, **kwargs):
                     valid=both(tuple(x.shape), *masks))
 
 
+@instruction
 def tensor_reduce(*args, **kwargs):
     """VectorE: reduce ``data`` with ``op`` (nl.add, nl.maximum, nl.minimum, nl.multiply) along free axes."""
     dst, rest = _split_dst(args, kwargs, 3)
@@ -211,6 +214,7 @@ def tensor_reduce(*args, **kwargs):
                     valid=defined(out))
 
 
+@instruction
 def tensor_copy(*args, **kwargs):
     """A copy between on-chip tiles (PSUM -> SBUF, or a cast)."""
     dst, rest = _split_dst(args, kwargs, 1)
@@ -221,6 +225,7 @@ def tensor_copy(*args, **kwargs):
                     valid=defined(src))
 
 
+@instruction
 def memset(*args, **kwargs):
     dst, rest = _split_dst(args, kwargs, 1)
     (value,) = _take(rest, kwargs, ["value"])
@@ -231,6 +236,7 @@ def memset(*args, **kwargs):
     return dst
 
 
+@instruction
 def iota(*args, **kwargs):
     """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
     dst, rest = _split_dst(args, kwargs, 2)
@@ -244,6 +250,7 @@ def iota(*args, **kwargs):
     return _deliver(dst, values.to(run().device), "iota", dtype or torch.int32)
 
 
+@instruction
 def dma_copy(*args, **kwargs):
     """A DMA: HBM -> SBUF, SBUF -> HBM, or between on-chip tiles."""
     dst, rest = _split_dst(args, kwargs, 1) if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
@@ -267,6 +274,7 @@ def dma_copy(*args, **kwargs):
     return dst
 
 
+@instruction
 def affine_select(*args, **kwargs):
     """GpSimd: ``on_true_tile`` where an affine predicate of the positions holds, else ``on_false_value``
     (the causal mask of attention). Both of NKI's forms:

@@ -17,8 +17,8 @@ import torch
 
 from . import _hardware as hw
 from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm, hbm_parts,
-                    masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf, shared_hbm,
-                    write)
+                    instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
+                    shared_hbm, write)
 
 __all__ = [
     "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "tile_size", "ndarray", "zeros", "ones", "full", "load",
@@ -46,7 +46,7 @@ class tile_size:
     psum_bank_fmax = hw.PSUM_BANK_BYTES // 4
 
 
-# ---- the engines' costs -----------------------------------------------------------------------------
+# ---- the engines' costs (what each engine's work costs per generation: _hardware.instruction_seconds) --
 
 def _free(shape) -> int:
     return math.prod(shape[1:]) if len(shape) > 1 else 1
@@ -54,24 +54,17 @@ def _free(shape) -> int:
 
 def charge_vector(name: str, shape, inputs: int, dtype: torch.dtype, engine: str = "VectorE") -> None:
     """VectorE/GpSimd: ~N cycles per input tile of N elements per partition, plus a static overhead."""
-    r = run()
-    g = r.gen
-    lanes = g.vector_lanes_16bit if dtype in (torch.bfloat16, torch.float16) else g.vector_lanes_fp32
-    per_cycle = builtins.max(1.0, lanes / hw.PMAX)
-    cycles = inputs * _free(shape) / per_cycle + hw.VECTOR_STATIC_OVERHEAD_CYCLES
-    ghz = g.gpsimd_ghz if engine == "GpSimd" else g.vector_ghz
-    r.charge(name, engine, cycles / (ghz * 1e9))
+    run().charge(name, engine, (inputs * _free(shape), dtype in (torch.bfloat16, torch.float16)))
 
 
 def charge_scalar(name: str, shape) -> None:
     """ScalarE: one element per partition per cycle, plus the static overhead."""
-    r = run()
-    r.charge(name, "ScalarE", (_free(shape) + hw.VECTOR_STATIC_OVERHEAD_CYCLES) / (r.gen.scalar_ghz * 1e9))
+    run().charge(name, "ScalarE", (_free(shape),))
 
 
 def charge_dma(name: str, nbytes: int) -> None:
-    r = run()
-    r.charge(name, "DMA", nbytes / r.gen.hbm_bytes_per_s_per_core)
+    """The DMA queues: the bytes over the core's share of HBM bandwidth."""
+    run().charge(name, "DMA", (nbytes,))
 
 
 # ---- memory ---------------------------------------------------------------------------------------
@@ -92,6 +85,7 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return Tile(shape, dtype, buffer)
 
 
+@instruction
 def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
     t = ndarray(shape, dtype, buffer)
     if isinstance(t, HbmTensor):
@@ -102,14 +96,17 @@ def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
     return t
 
 
+@instruction
 def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return full(shape, 0, dtype, buffer)
 
 
+@instruction
 def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return full(shape, 1, dtype, buffer)
 
 
+@instruction
 def load(src, mask=None, dtype=None, **kwargs) -> Tile:
     """HBM -> a new SBUF tile (a DMA)."""
     tensor, index = hbm_parts(src)
@@ -122,6 +119,7 @@ def load(src, mask=None, dtype=None, **kwargs) -> Tile:
     return out
 
 
+@instruction
 def store(dst, value, mask=None, **kwargs) -> None:
     """An SBUF tile -> HBM (a DMA)."""
     tensor, index = hbm_parts(dst)
@@ -150,6 +148,7 @@ def store(dst, value, mask=None, **kwargs) -> None:
     charge_dma("store", data.numel() * data.element_size())
 
 
+@instruction
 def load_transpose2d(src, mask=None, dtype=None, **kwargs) -> Tile:
     """HBM [F, P] -> a new SBUF tile [P, F]: a load that transposes a 2-D block (a DMA)."""
     tensor, index = hbm_parts(src)
@@ -163,6 +162,7 @@ def load_transpose2d(src, mask=None, dtype=None, **kwargs) -> Tile:
     return out
 
 
+@instruction
 def copy(x, dtype=None, mask=None, **kwargs) -> Tile:
     """A copy of a tile (in SBUF), optionally cast: how PSUM results come back to SBUF."""
     data = read(x, "nl.copy")
@@ -245,6 +245,7 @@ def _unary(fn, name: str, scalar_engine: bool):
         write(out, fn(data.float() if data.is_floating_point() else data), f"nl.{name}", mask, valid=defined(x))
         (charge_scalar(name, data.shape) if scalar_engine else charge_vector(name, data.shape, 1, out.dtype))
         return out
+    op = instruction(op, name)
     op.__name__, op.torch_fn = name, fn
     return op
 
@@ -272,6 +273,7 @@ def _binary(fn, name: str):
               valid=both(tuple(shape), defined(x), defined(y)))
         charge_vector(name, shape, int(ta) + int(tb), out.dtype)
         return out
+    op = instruction(op, name)
     op.__name__, op.torch_fn = name, fn  # torch_fn: what nisa's op= arguments compute
     return op
 
@@ -306,6 +308,7 @@ negative = _unary(torch.neg, "negative", False)
 reciprocal = _unary(torch.reciprocal, "reciprocal", False)
 square = _unary(torch.square, "square", False)
 
+@instruction
 def where(condition, x, y, dtype=None, mask=None, **kwargs) -> Tile:
     """x where ``condition`` (a tile or an index expression) holds, else y (tiles or scalars)."""
     c = condition.tensor if isinstance(condition, IndexExpr) else read(condition, "nl.where")
@@ -346,6 +349,7 @@ def _reduction(fn, name: str):
         write(out, result, f"nl.{name}", mask, valid=d)
         charge_vector(name, data.shape, 1, out.dtype)
         return out
+    op = instruction(op, name)
     op.__name__ = name
     return op
 
@@ -366,6 +370,7 @@ def _prod(t, axes, keepdim):
 
 # ---- the tensor engine ----------------------------------------------------------------------------
 
+@instruction
 def matmul(x, y, transpose_x: bool = False, mask=None, **kwargs) -> Tile:
     """x @ y into a new PSUM tile (float32). With ``transpose_x``, ``x`` is already [K, M] (the
     stationary operand, contraction on partitions); else it is [M, K] and TensorE transposes it first."""
@@ -376,6 +381,7 @@ def matmul(x, y, transpose_x: bool = False, mask=None, **kwargs) -> Tile:
     return isa.nc_matmul(x, y)
 
 
+@instruction
 def transpose(x, dtype=None, mask=None, **kwargs) -> Tile:
     """The 2-D transpose of a tile (through TensorE, into PSUM)."""
     from . import isa
