@@ -6,6 +6,7 @@ Both models are the demo's configuration with RMSNorm for LayerNorm. The NKI one
 ``nki_examples::attention`` (nki_ops.py); weights, batches and optimizer are the same.
 
     python examples/kernels/train_gpt.py --steps 10
+    torchneuron project examples/kernels/train_gpt.py --fake -- --steps 3 --nki-only
 """
 
 import argparse
@@ -82,12 +83,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--nki-only", action="store_true",
+                        help="train the model with the NKI kernels alone, not compared (what a projection counts: "
+                             "torchneuron project examples/kernels/train_gpt.py --fake -- --nki-only)")
     args = parser.parse_args(argv)
     text = load_text()
     tok = CharTokenizer(text)
     data = torch.tensor(tok.encode(text), dtype=torch.long)
     plain = build(tok.vocab_size, n_layer=args.layers)
     nki = with_nki(plain)
+    if args.nki_only:
+        got, _ = train(nki, data, args.steps)
+        print(f"{args.steps} steps with the NKI kernels: loss {got[0]:.4f} -> {got[-1]:.4f}")
+        return got, None
     want, t_plain = train(plain, data, args.steps)
     got, t_nki = train(nki, data, args.steps)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-5)

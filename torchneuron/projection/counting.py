@@ -12,6 +12,11 @@ PyTorch's fake tensors, nothing is computed or allocated, and a model far larger
 than this machine can be counted at its real batch and sequence length. What fake
 mode cannot do is follow data-dependent shapes (``nonzero``, ``masked_select``,
 ``unique``, boolean indexing): those ops raise, and the run stops there.
+
+An op registered with ``torchneuron.nki.nki_op`` is one record, which also carries what the
+NKI kernels it ran take on each NeuronCore generation by their own estimate
+(:class:`KernelEstimates`); its kernels' instructions depend on shapes alone, so fake runs
+record them too.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import contextlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+
+from torchneuron import nki
 
 logger = logging.getLogger("torchneuron")
 
@@ -155,6 +162,44 @@ class OpRecord:
     inputs: tuple = ()
     outputs: tuple = ()
     cut: str = ""
+    nki: Optional["KernelEstimates"] = None
+
+
+@dataclass(frozen=True)
+class KernelEstimates:
+    """The NKI kernels an op ran (an op registered with ``torchneuron.nki.nki_op``) and what they take
+    on one NeuronCore of each generation by their own estimate: ``Kernel.estimate``'s cost model on
+    the instructions the calls recorded, which depend on shapes alone (fake tensors record them too).
+
+    Args:
+        kernels: the kernels' names, in call order.
+        seconds: per generation (``"trn1"``, ``"trn2"``, ``"trn3"``), the calls' estimates one after another.
+        engine_seconds: per generation, each engine's busy time over the calls.
+    """
+
+    kernels: Tuple[str, ...]
+    seconds: Dict[str, float]
+    engine_seconds: Dict[str, Dict[str, float]]
+
+    @classmethod
+    def of(cls, calls: List[Any]) -> "KernelEstimates":
+        """From the ``nki.KernelCall`` records of one op's call."""
+        seconds: Dict[str, float] = {}
+        engines: Dict[str, Dict[str, float]] = {}
+        for target in nki.TARGETS:
+            seconds[target] = 0.0
+            busy = engines[target] = {}
+            for call in calls:
+                estimate = call.estimate(target)
+                seconds[target] += estimate.seconds
+                for engine, s in estimate.engine_seconds.items():
+                    busy[engine] = busy.get(engine, 0.0) + s
+        return cls(tuple(c.name for c in calls), seconds, engines)
+
+    def bound(self, target: str) -> str:
+        """The engine busiest over the calls on ``target``."""
+        busy = self.engine_seconds[target]
+        return max(busy, key=busy.get) if busy else "-"
 
 
 @dataclass
@@ -475,7 +520,7 @@ class CountingMode(TorchDispatchMode):
         info = _OP_INFO.get(func)
         if info is None:
             info = _OP_INFO[func] = _op_info(func)
-        base, cls, free, inplace, cut = info
+        base, cls, free, inplace, cut, runs_nki = info
         if base == "_local_scalar_dense":
             if args[0].device.type != "cpu":  # a CPU scalar (an optimizer's step count) is no device read
                 self._pending_cut = CUT_HOST_READ
@@ -487,7 +532,11 @@ class CountingMode(TorchDispatchMode):
             # Pinned host memory (a DataLoader's pin_memory=True, the Trainer's default) only speeds up
             # copies; fake tensors have no pinned form, so the batch stays as it is.
             return args[0]
-        out = func(*args, **kwargs) if kwargs else func(*args)
+        if runs_nki:  # its kernels' instructions, for their estimate on each NeuronCore generation
+            with nki.record_calls() as calls:
+                out = func(*args, **kwargs) if kwargs else func(*args)
+        else:
+            out = func(*args, **kwargs) if kwargs else func(*args)
         if free:
             return out
         inputs = _flat_tensors(args)
@@ -534,6 +583,8 @@ class CountingMode(TorchDispatchMode):
             cut = CUT_DATA_DEPENDENT if any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]) else ""
         elif base in _HOST_COPIES and len({t.device.type for t in inputs + outputs}) > 1:
             cut = CUT_HOST_COPY
+        if runs_nki:
+            record.nki = KernelEstimates.of(calls)
         record.cut = cut or self._pending_cut
         self._pending_cut = CUT_HOST_READ if cut == CUT_HOST_READ else ""
         self.current.ops.append(record)
@@ -720,7 +771,8 @@ def _arg_signature(a: Any) -> Any:
     return type(a).__name__
 
 
-# Per-op facts that do not change between calls: (base name, class, free, in-place, fused eager's cut kind).
+# Per-op facts that do not change between calls: (base name, class, free, in-place, fused eager's cut kind,
+# whether it runs NKI kernels).
 _OP_INFO: Dict[Any, tuple] = {}
 _DROPOUT_ARG: Dict[Any, int] = {}  # random ops that draw only with a dropout probability: its position
 _OP_NAMES: Dict[Any, str] = {}
@@ -763,7 +815,7 @@ def _op_info(func: Any) -> tuple:
         cut = CUT_HOST_READ
     else:
         cut = ""
-    return base, cls, free, base.endswith("_"), cut
+    return base, cls, free, base.endswith("_"), cut, nki.is_nki_op(func)
 
 
 def _flat_tensors(items: Any) -> List[torch.Tensor]:

@@ -5,6 +5,9 @@ Rates are the published peaks of :file:`hardware.json` scaled by one efficiency 
 generation (never per model). The engine follows the op class: matmul and convolution on the
 tensor engine, elementwise and reductions on the vector engine, transcendentals on the scalar
 (activation) engine, gather/scatter and copies as DMA (memory only), sort on the GPSIMD cores.
+An op registered with ``torchneuron.nki.nki_op`` is a kernel of its own: on a Trainium target its
+time is the estimate of the NKI kernels it ran on one NeuronCore of that generation
+(``Kernel.estimate``'s cost model), on a GPU the roofline above.
 Eager execution pays a launch cost per op; compiled execution fuses each run of consecutive
 non-matmul ops into one kernel (it reads the tensors its ops did not produce and writes those no
 later op of it consumes) and pays a smaller cost per kernel. Fused eager runs each group of ops
@@ -74,6 +77,11 @@ class Target:
     @property
     def is_neuron(self) -> bool:
         return self.chip["generation"].startswith("trainium")
+
+    @property
+    def nki_target(self) -> Optional[str]:
+        """The NKI platform target of the chip's NeuronCores (``trn1``, ``trn2``, ``trn3``); None for GPUs."""
+        return _NKI_TARGETS.get(self.chip["generation"])
 
     @property
     def devices_per_chip(self) -> int:
@@ -249,6 +257,9 @@ ENGINE_OF = {
     C.MATMUL: "tensor", C.ELEMENTWISE: "vector", C.REDUCTION: "vector", C.TRANSCENDENTAL: "scalar",
     C.GATHER_SCATTER: "dma", C.COPY: "dma", C.SORT: "gpsimd",
 }
+_NKI_TARGETS = {"trainium1": "trn1", "trainium2": "trn2", "trainium3": "trn3"}
+# The timeline's track of an NKI kernel, by the engine its estimate is bound by.
+_NKI_TRACKS = {"TensorE": "tensor", "VectorE": "vector", "ScalarE": "scalar", "GpSimd": "gpsimd", "DMA": "memory-bound"}
 
 
 def _fused_bytes(run: Sequence[C.OpRecord]) -> float:
@@ -276,7 +287,7 @@ def _fused_bytes(run: Sequence[C.OpRecord]) -> float:
 
 MODES = ("eager", "fused", "compiled")
 # Fused eager compiles a group seen again once it has at least this many ops, and cuts a group at
-# this many (docs/fused_eager.md; csrc/aten/fused.cpp).
+# this many (docs/fused_eager.md; csrc/fused/fused.cpp).
 FUSED_MIN_OPS = 32
 FUSED_MAX_OPS = 4096
 
@@ -335,11 +346,11 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel
     for op in ops:
         if op.cls == C.COLLECTIVE:
             continue
-        if mode == "eager" or op.cls == C.MATMUL:
+        if mode == "eager" or op.cls == C.MATMUL or op.nki is not None:  # an NKI op is a kernel of its own
             flush()
             kernels.append({"flops": {(ENGINE_OF[op.cls], op.dtype): op.flops},
                             "bytes": op.bytes_read + op.bytes_written, "calls": op.count, "phase": op.phase,
-                            "name": op.name, "fixed": launch_s if mode == "eager" else kernel_s})
+                            "name": op.name, "fixed": launch_s if mode == "eager" else kernel_s, "nki": op.nki})
         else:
             if run and run[-1].phase != op.phase:
                 flush()
@@ -387,7 +398,9 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
 
     Returns:
         A dict: ``step_s``, ``breakdown`` (seconds by component), ``memory`` (bytes per device,
-        capacity, fits), ``flops`` (per step, all devices), ``tokens``/``samples`` per step.
+        capacity, fits), ``flops`` (per step, all devices), ``tokens``/``samples`` per step, and
+        ``nki_ops``: per op that ran NKI kernels, its ``kernels``, ``calls`` and ``seconds`` per step
+        and device, and ``how`` they were costed (the kernels' estimate, or the roofline on a GPU).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
@@ -406,29 +419,48 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
     model_split = par.tp * par.pp
     m = par.microbatches
     bubble = (par.pp - 1) / m if par.pp > 1 else 0.0
+    nki_target = target.nki_target
+    nki_ops: Dict[str, Dict[str, Any]] = {}
     for index, step in enumerate(steps):
         traced = trace is not None and index == len(steps) - 1
         for k in _kernels(step.ops, mode, launch_s, kernel_s):
             training_opt = k["phase"] == "optimizer"
             split = model_split * (par.dp if (training_opt and par.zero1) else 1)
             repeat = 1 if training_opt else m * (1 + bubble)
-            compute = {e: f / target.rate(e[0], hints.matmul_dtype if hints.matmul_dtype and e[0] == "tensor" else e[1])
-                       for e, f in k["flops"].items() if f and e[0] != "dma"}
-            compute_s = sum(compute.values())
-            memory_s = k["bytes"] / target.hbm_bandwidth
             w = repeat / split / nsteps
-            bound = "compute" if compute_s >= memory_s and compute else "memory"
-            if bound == "compute":
-                for (engine, _), s in compute.items():
-                    add(f"compute:{engine}", s * w)
+            estimate = k.get("nki")
+            if estimate is not None and nki_target is not None:
+                # An op running NKI kernels, on a NeuronCore: their own estimate, not the roofline.
+                busy, how = estimate.seconds[nki_target], f"{estimate.bound(nki_target)}-bound estimate"
+                track = _NKI_TRACKS.get(estimate.bound(nki_target), "vector")
+                add("nki kernels", busy * w)
             else:
-                add("memory-bound", memory_s * w)
+                compute = {e: f / target.rate(e[0], hints.matmul_dtype if hints.matmul_dtype and e[0] == "tensor" else e[1])
+                           for e, f in k["flops"].items() if f and e[0] != "dma"}
+                compute_s = sum(compute.values())
+                memory_s = k["bytes"] / target.hbm_bandwidth
+                bound = "compute" if compute_s >= memory_s and compute else "memory"
+                if bound == "compute":
+                    for (engine, _), s in compute.items():
+                        add(f"compute:{engine}", s * w)
+                else:
+                    add("memory-bound", memory_s * w)
+                busy, how = max(compute_s, memory_s), f"roofline, {bound}-bound"
+                track = max(compute, key=compute.get)[0] if bound == "compute" else "memory-bound"
+            if estimate is not None:
+                row = nki_ops.setdefault(k["name"], {"kernels": list(estimate.kernels), "calls": 0.0, "seconds": 0.0})
+                row["calls"] += k["calls"] * repeat / nsteps
+                row["seconds"] += busy * w
+                row["how"] = how
             launch = k["fixed"] * k["calls"] * repeat / par.pp
             add("launch overhead", launch / nsteps)
-            if traced and (compute or k["bytes"]):
-                engine = max(compute, key=compute.get)[0] if bound == "compute" else "memory-bound"
-                trace.append({"name": k["name"], "track": engine, "seconds": max(compute_s, memory_s) * repeat / split,
-                              "phase": k["phase"], "flops": sum(k["flops"].values()), "bytes": k["bytes"]})
+            if traced and busy:
+                event = {"name": k["name"], "track": track, "seconds": busy * repeat / split,
+                         "phase": k["phase"], "flops": sum(k["flops"].values()), "bytes": k["bytes"]}
+                if estimate is not None:
+                    event["nki_kernels"] = list(estimate.kernels)
+                    event["cost"] = how
+                trace.append(event)
                 if launch:
                     trace.append({"name": "launch", "track": "launch", "seconds": launch})
         for op in step.ops:
@@ -506,6 +538,7 @@ def step_time(steps: Sequence[C.StepCounts], target: Target, par: Optional[Paral
         "samples_per_step": samples * m * par.dp,
         "audio_s_per_step": audio_s * m * par.dp,
         "dtype": dtype,
+        "nki_ops": nki_ops,
         "memory": {"per_device_bytes": memory, "capacity_bytes": target.hbm_bytes, "weights": weights,
                    "gradients": grads, "optimizer": opt, "activations": activations,
                    "fits": memory <= target.hbm_bytes},

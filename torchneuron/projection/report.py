@@ -32,6 +32,9 @@ ASSUMPTIONS = [
     "recorded group of 32 ops or more is one graph launch of compiled kernels, smaller groups run eager).",
     "Tensor/pipeline parallel split each kernel's time over tp*pp devices; pipeline bubble (pp-1)/microbatches; "
     "data-parallel gradients synchronised by a ring all-reduce not overlapped with compute; ZeRO-1 shards the optimizer.",
+    "An op registered with torchneuron.nki.nki_op is a kernel of its own: on Trainium its time is the estimate of "
+    "the NKI kernels it ran on one NeuronCore of the generation (their recorded instructions at the engines' "
+    "rates), on a GPU the roofline above.",
     "Collectives: ring bandwidth, 2(n-1)/n*bytes/bandwidth for all-reduce, plus a latency per hop of "
     "recursive halving/doubling (2*log2(n) hops); NeuronLink/NVLink inside an instance, EFA across.",
     "Memory per device = weights + gradients + optimizer state (fp32 master + 2 moments, sharded by ZeRO-1) "
@@ -200,6 +203,7 @@ def _row(tgt: Target, t: Dict[str, Any], par: Parallelism, role: str, price: Opt
         "usd_per_step": usd_per_step,
         "usd_per_million_tokens": usd_per_step / tokens * 1e6 if usd_per_step and tokens else None,
         "memory": t["memory"],
+        "nki_ops": t.get("nki_ops", {}),
         "price_verified": False if given else _price_verified(tgt),
         "price_given": given,
     }
@@ -320,6 +324,17 @@ class Report:
         for r in self.rows:
             parts = ", ".join(f"{k} {_time(v)}" for k, v in sorted(r["breakdown"].items(), key=lambda kv: -kv[1]) if v)
             lines.append(f"  {r['target']}: {parts}")
+        nki_ops = [name for r in self.rows for name in r.get("nki_ops", {})]
+        if nki_ops:
+            lines += ["", "ops running NKI kernels (nki_op), per step and device: on Trainium their kernels' own "
+                          "estimate on one NeuronCore (Kernel.estimate), on a GPU the roofline:"]
+            for name in dict.fromkeys(nki_ops):
+                rows = [r for r in self.rows if name in r.get("nki_ops", {})]
+                first = rows[0]["nki_ops"][name]
+                kernels = ", ".join(dict.fromkeys(first["kernels"]))
+                lines.append(f"  {name} (NKI kernel {kernels}), {first['calls']:,.0f} call(s):")
+                lines += [f"    {r['target']}: {_time(r['nki_ops'][name]['seconds'])} ({r['nki_ops'][name]['how']})"
+                          for r in rows]
         given = [f"{r['target']} ${r['usd_per_hour'] / r['nodes']:,.2f}" for r in self.rows if r.get("price_given")]
         if given:
             lines += ["", "prices per instance-hour given by the user, not from hardware.json: " + ", ".join(given)]
