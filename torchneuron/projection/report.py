@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import runpy
 import sys
 import time
@@ -458,8 +459,10 @@ def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: O
     Under ``fake`` a data-dependent shape (``nonzero``, boolean indexing...) stops the run; the steps
     counted before it are kept and the report says where it stopped. ``full_steps`` as for :func:`count`.
     """
-    old_argv = sys.argv
+    old_argv, old_path = sys.argv, list(sys.path)
     sys.argv = [path, *argv]
+    if not module:  # as `python script.py` has it: the script's directory first, for the modules beside it
+        sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         with count(fake=fake, full_steps=full_steps) as proj:
             try:
@@ -478,4 +481,5 @@ def run_script(path: str, argv: Sequence[str], fake: bool = False, full_steps: O
                 logger.warning("projection: %s", proj.stopped)
     finally:
         sys.argv = old_argv
+        sys.path[:] = old_path
     return proj
