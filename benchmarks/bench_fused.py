@@ -259,11 +259,11 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {"threads": args.threads, "rounds": args.rounds}
     if "models" not in args.skip:
-        torchneuron._C._fused_config(payoff=0)  # the steady state
+        torchneuron._C._fused_config(payoff=False)  # the steady state
         print(f"\n| workload | {'  '.join(f'{v:>8}' for v in VARIANTS)} (ms) | fused/compiled | fused/op | "
               f"fused/cpu |")
         results["models"] = model_table(args)
-        torchneuron._C._fused_config(payoff=1)
+        torchneuron._C._fused_config(payoff=True)
     if "loops" not in args.skip:
         print("\n| loop | op (ms) | fused (ms) | op/fused (speed) |")
         results["loops"] = loop_table(args)

@@ -1,5 +1,10 @@
 // torchneuron._C: the Python binding of the device runtime.
-#include "aten/neuron.h"
+#include "aten/launch.h"
+#include "aten/allocator.h"
+#include "aten/host_allocator.h"
+#include "aten/generator.h"
+#include "aten/fallback.h"
+#include "aten/transfers.h"
 #include "distributed/collectives.h"
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -273,7 +278,7 @@ PyMethodDef kLaunch = {"_launch", reinterpret_cast<PyCFunction>(reinterpret_cast
 
 }  // namespace
 
-void bindFused(py::module& m);  // fused_binding.cpp
+void bindFused(py::module& m);  // fused/binding.cpp
 
 }  // namespace torchneuron
 

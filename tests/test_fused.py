@@ -30,11 +30,11 @@ def op_mode_around():
     """Each test starts in op mode with fresh statistics, and leaves op mode and the defaults behind."""
     torch.neuron.set_eager_mode("op")
     # Small groups compile here, the second time they are seen (not once they pay); nothing bypassed.
-    defaults = _C._fused_config(min_ops=2, bypass_ops=0, payoff=0)
+    defaults = _C._fused_config(min_ops=2, bypass_ops=0, payoff=False)
     torchneuron.compile.fused_report(reset=True)
     yield
     torch.neuron.set_eager_mode("op")
-    _C._fused_config(*defaults)
+    _C._fused_config(**defaults)
     _C._set_fused_policy(torchneuron._fused_expect, torchneuron._fused_learned)
     torchneuron.compile.fused_report(reset=True)
 
@@ -185,7 +185,7 @@ def test_a_group_is_compiled_once_its_op_by_op_runs_pay_for_compiling_it():
         return 0.005, 0.5
 
     _C._set_fused_policy(expect, lambda *measured: told.append(measured))
-    _C._fused_config(compile_after=2, min_ops=2, payoff=1)
+    _C._fused_config(compile_after=2, min_ops=2, payoff=True)
     w = torch.randn(192, 192, device="neuron")
     x = torch.randn(192, 192, device="neuron")
 
@@ -200,7 +200,9 @@ def test_a_group_is_compiled_once_its_op_by_op_runs_pay_for_compiling_it():
         (group,) = torchneuron.compile.fused_report().groups
         assert group.compiled and 0 < group.fused_runs, group
         ran_op_by_op = group.op_seconds + group.credited_seconds  # skipped occurrences are credited
-        assert group.op_runs >= 3 and ran_op_by_op * 0.5 >= 0.005, group  # the rule, with what it measured
+        # The rule, with what it measured: the first op-by-op run is left out of the time, so at least two
+        # ran before the compile (how many more depends on the host's speed).
+        assert group.op_runs >= 2 and ran_op_by_op * 0.5 >= 0.005, group
         assert group.op_runs + group.skipped_runs + group.fused_runs == 60 and group.fused_runs > 0, group
     for out in outs:
         torch.testing.assert_close(out, expected.cpu(), rtol=1e-4, atol=1e-5)
@@ -211,7 +213,7 @@ def test_a_group_is_compiled_once_its_op_by_op_runs_pay_for_compiling_it():
 
 def test_a_group_that_would_not_pay_is_not_compiled_and_the_report_says_why():
     _C._set_fused_policy(lambda key, ops: (3600.0, 0.1), lambda *measured: None)
-    _C._fused_config(compile_after=2, min_ops=2, payoff=1, skip_ahead=0)
+    _C._fused_config(compile_after=2, min_ops=2, payoff=True, skip_ahead=0)
     w = torch.randn(16, 16, device="neuron")
     with torch.neuron.eager_mode("fused"):
         for _ in range(5):
@@ -224,7 +226,7 @@ def test_a_group_that_would_not_pay_is_not_compiled_and_the_report_says_why():
 
 def test_while_a_group_waits_to_pay_most_of_its_occurrences_run_unrecorded():
     _C._set_fused_policy(lambda key, ops: (3600.0, 0.1), lambda *measured: None)
-    _C._fused_config(compile_after=2, min_ops=2, payoff=1, skip_ahead=8)
+    _C._fused_config(compile_after=2, min_ops=2, payoff=True, skip_ahead=8)
     w = torch.randn(16, 16, device="neuron")
     b = torch.randn(16, device="neuron")
 
@@ -249,7 +251,7 @@ def test_a_pay_off_rule_that_fails_warns_and_its_defaults_decide():
         raise OSError("no cache here")
 
     _C._set_fused_policy(broken, lambda *measured: None)
-    _C._fused_config(compile_after=2, min_ops=2, payoff=1)
+    _C._fused_config(compile_after=2, min_ops=2, payoff=True)
     w = torch.randn(16, 16, device="neuron")
     with pytest.warns(RuntimeWarning, match="fused eager: the pay-off rule failed: OSError: no cache here"):
         with torch.neuron.eager_mode("fused"):
@@ -257,8 +259,9 @@ def test_a_pay_off_rule_that_fails_warns_and_its_defaults_decide():
                 got = (F.gelu(w @ w) + 1).sum().item()
     torch.testing.assert_close(got, (F.gelu(w @ w) + 1).sum().item())
     (group,) = torchneuron.compile.fused_report().groups
-    assert not group.compiled and group.expected_gain == torchneuron.compile.fused.GAIN, group
-    expected = torchneuron.compile.fused.COLD_SECONDS + torchneuron.compile.fused.COLD_SECONDS_PER_OP * group.ops
+    policy = _C._fused_config()  # the policy's own figures, with no measurement to go by
+    assert not group.compiled and group.expected_gain == policy["gain"], group
+    expected = policy["cold_seconds"] + policy["cold_seconds_per_op"] * group.ops
     assert group.expected_compile_seconds == pytest.approx(expected), group
 
 

@@ -3,9 +3,9 @@
 // Freed blocks are kept per device and size for reuse; they go back to the
 // runtime on empty_cache() or when an allocation would otherwise not fit.
 // CPU kernels run for the device (the zero-copy path) allocate from it too,
-// through a wrapper of the CPU allocator (DeviceOutputScope); buffers they
-// produce some other way are adopted: charged to the device and counted like
-// any other allocation.
+// through a wrapper of the CPU allocator (DeviceOutputScope, host_addressable.cpp);
+// buffers they produce some other way are adopted: charged to the device and
+// counted like any other allocation.
 //
 // Asynchronous mode (rt::asyncMode()): as in CUDA's caching allocator, a block belongs to the
 // stream it was allocated on, and a freed block is reused only by allocations on that stream,
@@ -23,12 +23,14 @@
 // every allocation and free while torch.ops.torchneuron._trace_allocations(True) asks for it:
 // torch.neuron._gpu_trace's callbacks, which the stream sanitizer uses. PyTorch's trace cannot be
 // turned off again, so the allocator's own switch keeps it out of the way (a relaxed load) after.
-#include "neuron.h"
+#include "allocator.h"
+#include "device.h"
+#include "held_work.h"
+#include "../fused/fused_mode.h"
 
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <c10/core/Allocator.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/GPUTrace.h>
 #include <torch/library.h>
 #include <c10/util/Exception.h>
@@ -122,7 +124,265 @@ int64_t nowUs() {
              std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// ---- a device's state, its segments and statistics, and its history of actions -----------------
+
+struct DeviceState {
+  std::mutex mutex;
+  std::multimap<size_t, Block*> cache;  // free blocks by size, in the order they were freed
+  size_t cached_bytes = 0;
+  DeviceStats stats;
+  Block* segments = nullptr;        // every segment, allocated or cached
+  std::vector<SnapshotTrace> trace;  // ring of at most g_max_entries, next write at trace_next
+  size_t trace_next = 0;
+  std::vector<Block*> pending;       // asynchronous mode: freed, waiting for other streams
+};
+
+template <class Fn>
+void forEachStat(DeviceStats& stats, Fn fn) {
+  for (auto* array : {&stats.allocation, &stats.segment, &stats.active, &stats.allocated_bytes,
+                      &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes,
+                      &stats.inactive_split, &stats.inactive_split_bytes})
+    for (auto& s : *array) fn(s);
+}
+
+void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amount, int sign) {
+  const auto pool = size <= kSmallLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL;
+  for (auto type : {StatType::AGGREGATE, pool}) {
+    auto& s = a[static_cast<size_t>(type)];
+    sign > 0 ? s.increase(amount) : s.decrease(amount);
+  }
+}
+
+void countAllocation(DeviceState& d, const Block& b, int sign) {
+  update(d.stats.allocation, b.size, 1, sign);
+  update(d.stats.active, b.size, 1, sign);
+  update(d.stats.allocated_bytes, b.size, b.size, sign);
+  update(d.stats.active_bytes, b.size, b.size, sign);
+  update(d.stats.requested_bytes, b.size, b.requested, sign);
+  // torch.profiler(profile_memory=True): the block as a memory event of the device.
+  if (c10::memoryProfilingEnabled()) {
+    constexpr auto kAll = static_cast<size_t>(StatType::AGGREGATE);
+    c10::reportMemoryUsageToProfiler(b.ptr, sign * static_cast<int64_t>(b.size),
+                                     d.stats.allocated_bytes[kAll].current, d.stats.reserved_bytes[kAll].current,
+                                     c10::Device(kNeuron, b.device));
+  }
+}
+
+void countSegment(DeviceState& d, size_t size, int sign) {
+  update(d.stats.segment, size, 1, sign);
+  update(d.stats.reserved_bytes, size, size, sign);
+  (sign > 0 ? d.stats.num_device_alloc : d.stats.num_device_free)++;
+}
+
+// Moves the freed blocks whose other streams have passed their events into the cache.
+void processPendingLocked(DeviceState& d) {
+  auto done = [](Block* b) {
+    for (rt::Event e : b->pending)
+      if (rt::eventQuery(e) != rt::Status::Success) return false;
+    return true;
+  };
+  for (size_t i = 0; i < d.pending.size();) {
+    Block* b = d.pending[i];
+    if (!done(b)) {
+      ++i;
+      continue;
+    }
+    for (rt::Event e : b->pending) rt::eventDestroy(e);
+    b->pending.clear();
+    d.cache.emplace(b->size, b);
+    d.cached_bytes += b->size;
+    d.pending[i] = d.pending.back();
+    d.pending.pop_back();
+  }
+}
+
+int64_t streamId(c10::DeviceIndex device) { return currentStream(device).id(); }
+
+// Appends an action to the device's ring (when the history records actions).
+void noteLocked(DeviceState& d, const char* action, const void* addr, size_t size, int64_t stream,
+                       std::shared_ptr<c10::GatheredContext> context, size_t device_free = 0) {
+  if (!g_trace.load(std::memory_order_relaxed)) return;
+  SnapshotTrace e{action, reinterpret_cast<uint64_t>(addr), size, stream, nowUs(), device_free, std::move(context)};
+  const size_t bound = g_max_entries.load(std::memory_order_relaxed);
+  if (d.trace.size() < bound) {
+    d.trace.push_back(std::move(e));
+  } else {
+    if (d.trace_next >= d.trace.size()) d.trace_next = 0;
+    d.trace[d.trace_next++] = std::move(e);
+  }
+}
+
+std::vector<SnapshotTrace> orderedTraceLocked(const DeviceState& d) {
+  std::vector<SnapshotTrace> out;
+  out.reserve(d.trace.size());
+  const size_t start = d.trace_next < d.trace.size() ? d.trace_next : 0;
+  for (size_t k = 0; k < d.trace.size(); ++k) out.push_back(d.trace[(start + k) % d.trace.size()]);
+  return out;
+}
+
+void noteAllocLocked(DeviceState& d, Block* block, std::shared_ptr<c10::GatheredContext> context) {
+  block->context = context;
+  noteLocked(d, "alloc", block->ptr, block->size, streamId(block->device),
+             g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc) ? std::move(context)
+                                                                                         : nullptr);
+}
+
+void addSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
+  countSegment(d, block->size, +1);
+  block->allocated = true;
+  block->next = d.segments;
+  if (d.segments != nullptr) d.segments->prev = block;
+  d.segments = block;
+  if (recording()) {
+    const bool alloc_ctx = g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc);
+    noteLocked(d, "segment_alloc", block->ptr, block->size, streamId(block->device), alloc_ctx ? context : nullptr);
+  }
+}
+
+void removeSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
+  countSegment(d, block->size, -1);
+  if (block->prev != nullptr) block->prev->next = block->next;
+  else d.segments = block->next;
+  if (block->next != nullptr) block->next->prev = block->prev;
+  block->prev = block->next = nullptr;
+  if (recording()) noteLocked(d, "segment_free", block->ptr, block->size, streamId(block->device), context);
+}
+
+// Rethrows an out-of-memory error; while the history is on, with a snapshot written first
+// (by the hook the Python binding installs) and named in the message.
+[[noreturn]] void failWithSnapshot(const c10::OutOfMemoryError& e, c10::DeviceIndex device) {
+  OomSnapshotHook hook = g_oom_hook.load();
+  if (!recording() || hook == nullptr) throw;
+  std::string path;
+  try {
+    path = hook(device);
+  } catch (const std::exception& err) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " (Writing a memory snapshot failed: ", err.what(), ")");
+  }
+  if (path.empty()) throw;
+  TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " A memory snapshot was written to ", path,
+                   " (open it with `torchneuron memviz` or PyTorch's memory visualizer).");
+}
+
+// Returns the cached blocks to the runtime. Asynchronous mode: the caller has waited for the
+// device's streams first, without the lock (their work may free device memory, which takes it), so
+// that no queued work refers to a cached block; the freed blocks waiting for streams join them.
+void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
+  if (rt::asyncMode()) processPendingLocked(d);
+  for (auto& [size, block] : d.cache) {
+    rt::free(block->ptr);
+    removeSegmentLocked(d, block, context);
+    delete block;
+  }
+  d.cache.clear();
+  d.cached_bytes = 0;
+}
+
+// Runs `get` (a runtime allocation); on a full device, frees the cache and
+// tries once more, then raises OutOfMemoryError. Called with d.mutex held.
+template <typename Fn>
+void reserveLocked(DeviceState& d, std::unique_lock<std::mutex>& lock, c10::DeviceIndex device, size_t size,
+                   size_t requested,
+                   const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
+  rt::Status s = get();
+  // Fused eager: a recorded group may refer to cached blocks (its intermediates'), so it runs before
+  // they go; while an op is being recorded it cannot, and the op then runs on its own (fused.cpp).
+  const bool held = fusedHolding();
+  if (s == rt::Status::OutOfMemory && held && !fusedRecordingHere()) {
+    lock.unlock();
+    flushFused("out of memory");
+    lock.lock();
+  }
+  if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty()) && !(held && fusedRecordingHere())) {
+    d.stats.num_alloc_retries++;
+    if (rt::asyncMode()) {
+      lock.unlock();
+      runtime::synchronizeDevice(device);
+      lock.lock();
+    }
+    freeCachedLocked(d, context);
+    s = get();
+  }
+  if (s == rt::Status::Success) return;
+  if (s != rt::Status::OutOfMemory) {
+    TORCH_CHECK(false, "neuron runtime error on neuron:", int(device), ": ", rt::statusString(s));
+  }
+  d.stats.num_ooms++;
+  size_t free_bytes = 0, total = 0;
+  rt::memGetInfo(device, &free_bytes, &total);
+  const auto allocated = d.stats.allocated_bytes[0].current;
+  const auto reserved = d.stats.reserved_bytes[0].current;
+  if (recording()) noteLocked(d, "oom", nullptr, requested, streamId(device), context, free_bytes);
+  TORCH_CHECK_WITH(OutOfMemoryError, false,
+      "neuron out of memory. Tried to allocate ", formatBytes(requested),
+      ". neuron:", int(device), " has a total capacity of ", formatBytes(total),
+      " of which ", formatBytes(free_bytes), " is free. ",
+      formatBytes(allocated), " is allocated by PyTorch, and ",
+      formatBytes(reserved - allocated), " is reserved by PyTorch but unallocated. "
+      "Free tensors you no longer need, call torch.neuron.empty_cache(), or raise the "
+      "capacity with TORCHNEURON_DEVICE_MEMORY.");
+}
+
+
 void deleteBlock(void* ctx);
+
+// Starts, changes or stops the memory history of every device.
+void recordHistoryOf(std::vector<std::unique_ptr<DeviceState>>& devices, const MemoryHistoryOptions& o) {
+  g_recording.store(false);
+  g_trace.store(false);
+  g_context.store(static_cast<int>(o.context));
+  g_cpp_frames.store(o.cpp_frames);
+  g_max_entries.store(o.max_entries == 0 ? 1 : o.max_entries);
+  for (auto& d : devices) {
+    std::lock_guard<std::mutex> lock(d->mutex);
+    if (o.clear_history || !o.enabled) {
+      d->trace.clear();
+      d->trace_next = 0;
+    }
+    if (!o.enabled) {
+      for (Block* b = d->segments; b != nullptr; b = b->next) b->context.reset();
+    }
+    // A smaller bound keeps the newest entries.
+    auto ordered = orderedTraceLocked(*d);
+    const size_t bound = g_max_entries.load();
+    if (ordered.size() > bound) ordered.erase(ordered.begin(), ordered.end() - bound);
+    d->trace = std::move(ordered);
+    d->trace_next = 0;
+  }
+  g_trace.store(o.enabled && o.trace);
+  g_recording.store(o.enabled);
+}
+
+// Every device's segments and history, in the structure of PyTorch's CUDA snapshots.
+MemorySnapshot snapshotOf(std::vector<std::unique_ptr<DeviceState>>& devices) {
+  MemorySnapshot s;
+  s.traces.resize(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto& d = *devices[i];
+    std::lock_guard<std::mutex> lock(d.mutex);
+    for (Block* b = d.segments; b != nullptr; b = b->next) {
+      SnapshotSegment seg;
+      seg.device = static_cast<c10::DeviceIndex>(i);
+      seg.address = reinterpret_cast<uint64_t>(b->ptr);
+      seg.total_size = b->size;
+      seg.large = b->size > kSmallLimit;
+      seg.adopted = static_cast<bool>(b->host);
+      SnapshotBlock blk;
+      blk.address = seg.address;
+      blk.size = b->size;
+      blk.requested_size = b->allocated ? b->requested : 0;
+      blk.allocated = b->allocated;
+      blk.context = b->context;
+      seg.blocks.push_back(std::move(blk));
+      s.segments.push_back(std::move(seg));
+    }
+    s.traces[i] = orderedTraceLocked(d);
+  }
+  std::sort(s.segments.begin(), s.segments.end(), [](const SnapshotSegment& a, const SnapshotSegment& b) {
+    return std::tie(a.device, a.address) < std::tie(b.device, b.address);
+  });
+  return s;
+}
 
 class NeuronAllocator final : public c10::DeviceAllocator {
  public:
@@ -258,61 +518,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->uses.push_back(stream);
   }
 
-  void recordHistory(const MemoryHistoryOptions& o) {
-    g_recording.store(false);
-    g_trace.store(false);
-    g_context.store(static_cast<int>(o.context));
-    g_cpp_frames.store(o.cpp_frames);
-    g_max_entries.store(o.max_entries == 0 ? 1 : o.max_entries);
-    for (auto& d : devices_) {
-      std::lock_guard<std::mutex> lock(d->mutex);
-      if (o.clear_history || !o.enabled) {
-        d->trace.clear();
-        d->trace_next = 0;
-      }
-      if (!o.enabled) {
-        for (Block* b = d->segments; b != nullptr; b = b->next) b->context.reset();
-      }
-      // A smaller bound keeps the newest entries.
-      auto ordered = orderedTraceLocked(*d);
-      const size_t bound = g_max_entries.load();
-      if (ordered.size() > bound) ordered.erase(ordered.begin(), ordered.end() - bound);
-      d->trace = std::move(ordered);
-      d->trace_next = 0;
-    }
-    g_trace.store(o.enabled && o.trace);
-    g_recording.store(o.enabled);
-  }
-
-  MemorySnapshot snapshot() {
-    MemorySnapshot s;
-    s.traces.resize(devices_.size());
-    for (size_t i = 0; i < devices_.size(); ++i) {
-      auto& d = *devices_[i];
-      std::lock_guard<std::mutex> lock(d.mutex);
-      for (Block* b = d.segments; b != nullptr; b = b->next) {
-        SnapshotSegment seg;
-        seg.device = static_cast<c10::DeviceIndex>(i);
-        seg.address = reinterpret_cast<uint64_t>(b->ptr);
-        seg.total_size = b->size;
-        seg.large = b->size > kSmallLimit;
-        seg.adopted = static_cast<bool>(b->host);
-        SnapshotBlock blk;
-        blk.address = seg.address;
-        blk.size = b->size;
-        blk.requested_size = b->allocated ? b->requested : 0;
-        blk.allocated = b->allocated;
-        blk.context = b->context;
-        seg.blocks.push_back(std::move(blk));
-        s.segments.push_back(std::move(seg));
-      }
-      s.traces[i] = orderedTraceLocked(d);
-    }
-    std::sort(s.segments.begin(), s.segments.end(), [](const SnapshotSegment& a, const SnapshotSegment& b) {
-      return std::tie(a.device, a.address) < std::tie(b.device, b.address);
-    });
-    return s;
-  }
+  void recordHistory(const MemoryHistoryOptions& o) { recordHistoryOf(devices_, o); }
+  MemorySnapshot snapshot() { return snapshotOf(devices_); }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
@@ -367,203 +574,6 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-  struct DeviceState {
-    std::mutex mutex;
-    std::multimap<size_t, Block*> cache;  // free blocks by size, in the order they were freed
-    size_t cached_bytes = 0;
-    DeviceStats stats;
-    Block* segments = nullptr;        // every segment, allocated or cached
-    std::vector<SnapshotTrace> trace;  // ring of at most g_max_entries, next write at trace_next
-    size_t trace_next = 0;
-    std::vector<Block*> pending;       // asynchronous mode: freed, waiting for other streams
-  };
-
-  // Moves the freed blocks whose other streams have passed their events into the cache.
-  static void processPendingLocked(DeviceState& d) {
-    auto done = [](Block* b) {
-      for (rt::Event e : b->pending)
-        if (rt::eventQuery(e) != rt::Status::Success) return false;
-      return true;
-    };
-    for (size_t i = 0; i < d.pending.size();) {
-      Block* b = d.pending[i];
-      if (!done(b)) {
-        ++i;
-        continue;
-      }
-      for (rt::Event e : b->pending) rt::eventDestroy(e);
-      b->pending.clear();
-      d.cache.emplace(b->size, b);
-      d.cached_bytes += b->size;
-      d.pending[i] = d.pending.back();
-      d.pending.pop_back();
-    }
-  }
-
-  static int64_t streamId(c10::DeviceIndex device) { return currentStream(device).id(); }
-
-  // Appends an action to the device's ring (when the history records actions).
-  static void noteLocked(DeviceState& d, const char* action, const void* addr, size_t size, int64_t stream,
-                         std::shared_ptr<c10::GatheredContext> context, size_t device_free = 0) {
-    if (!g_trace.load(std::memory_order_relaxed)) return;
-    SnapshotTrace e{action, reinterpret_cast<uint64_t>(addr), size, stream, nowUs(), device_free, std::move(context)};
-    const size_t bound = g_max_entries.load(std::memory_order_relaxed);
-    if (d.trace.size() < bound) {
-      d.trace.push_back(std::move(e));
-    } else {
-      if (d.trace_next >= d.trace.size()) d.trace_next = 0;
-      d.trace[d.trace_next++] = std::move(e);
-    }
-  }
-
-  static std::vector<SnapshotTrace> orderedTraceLocked(const DeviceState& d) {
-    std::vector<SnapshotTrace> out;
-    out.reserve(d.trace.size());
-    const size_t start = d.trace_next < d.trace.size() ? d.trace_next : 0;
-    for (size_t k = 0; k < d.trace.size(); ++k) out.push_back(d.trace[(start + k) % d.trace.size()]);
-    return out;
-  }
-
-  static void noteAllocLocked(DeviceState& d, Block* block, std::shared_ptr<c10::GatheredContext> context) {
-    block->context = context;
-    noteLocked(d, "alloc", block->ptr, block->size, streamId(block->device),
-               g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc) ? std::move(context)
-                                                                                           : nullptr);
-  }
-
-  static void addSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
-    countSegment(d, block->size, +1);
-    block->allocated = true;
-    block->next = d.segments;
-    if (d.segments != nullptr) d.segments->prev = block;
-    d.segments = block;
-    if (recording()) {
-      const bool alloc_ctx = g_context.load(std::memory_order_relaxed) >= static_cast<int>(Context::Alloc);
-      noteLocked(d, "segment_alloc", block->ptr, block->size, streamId(block->device), alloc_ctx ? context : nullptr);
-    }
-  }
-
-  static void removeSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10::GatheredContext>& context) {
-    countSegment(d, block->size, -1);
-    if (block->prev != nullptr) block->prev->next = block->next;
-    else d.segments = block->next;
-    if (block->next != nullptr) block->next->prev = block->prev;
-    block->prev = block->next = nullptr;
-    if (recording()) noteLocked(d, "segment_free", block->ptr, block->size, streamId(block->device), context);
-  }
-
-  // Rethrows an out-of-memory error; while the history is on, with a snapshot written first
-  // (by the hook the Python binding installs) and named in the message.
-  [[noreturn]] static void failWithSnapshot(const c10::OutOfMemoryError& e, c10::DeviceIndex device) {
-    OomSnapshotHook hook = g_oom_hook.load();
-    if (!recording() || hook == nullptr) throw;
-    std::string path;
-    try {
-      path = hook(device);
-    } catch (const std::exception& err) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " (Writing a memory snapshot failed: ", err.what(), ")");
-    }
-    if (path.empty()) throw;
-    TORCH_CHECK_WITH(OutOfMemoryError, false, e.msg(), " A memory snapshot was written to ", path,
-                     " (open it with `torchneuron memviz` or PyTorch's memory visualizer).");
-  }
-
-  template <class Fn>
-  static void forEachStat(DeviceStats& stats, Fn fn) {
-    for (auto* array : {&stats.allocation, &stats.segment, &stats.active, &stats.allocated_bytes,
-                        &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes,
-                        &stats.inactive_split, &stats.inactive_split_bytes})
-      for (auto& s : *array) fn(s);
-  }
-
-  static void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amount, int sign) {
-    const auto pool = size <= kSmallLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL;
-    for (auto type : {StatType::AGGREGATE, pool}) {
-      auto& s = a[static_cast<size_t>(type)];
-      sign > 0 ? s.increase(amount) : s.decrease(amount);
-    }
-  }
-
-  static void countAllocation(DeviceState& d, const Block& b, int sign) {
-    update(d.stats.allocation, b.size, 1, sign);
-    update(d.stats.active, b.size, 1, sign);
-    update(d.stats.allocated_bytes, b.size, b.size, sign);
-    update(d.stats.active_bytes, b.size, b.size, sign);
-    update(d.stats.requested_bytes, b.size, b.requested, sign);
-    // torch.profiler(profile_memory=True): the block as a memory event of the device.
-    if (c10::memoryProfilingEnabled()) {
-      constexpr auto kAll = static_cast<size_t>(StatType::AGGREGATE);
-      c10::reportMemoryUsageToProfiler(b.ptr, sign * static_cast<int64_t>(b.size),
-                                       d.stats.allocated_bytes[kAll].current, d.stats.reserved_bytes[kAll].current,
-                                       c10::Device(kNeuron, b.device));
-    }
-  }
-
-  static void countSegment(DeviceState& d, size_t size, int sign) {
-    update(d.stats.segment, size, 1, sign);
-    update(d.stats.reserved_bytes, size, size, sign);
-    (sign > 0 ? d.stats.num_device_alloc : d.stats.num_device_free)++;
-  }
-
-  // Returns the cached blocks to the runtime. Asynchronous mode: the caller has waited for the
-  // device's streams first, without the lock (their work may free device memory, which takes it), so
-  // that no queued work refers to a cached block; the freed blocks waiting for streams join them.
-  static void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
-    if (rt::asyncMode()) processPendingLocked(d);
-    for (auto& [size, block] : d.cache) {
-      rt::free(block->ptr);
-      removeSegmentLocked(d, block, context);
-      delete block;
-    }
-    d.cache.clear();
-    d.cached_bytes = 0;
-  }
-
-  // Runs `get` (a runtime allocation); on a full device, frees the cache and
-  // tries once more, then raises OutOfMemoryError. Called with d.mutex held.
-  template <typename Fn>
-  void reserveLocked(DeviceState& d, std::unique_lock<std::mutex>& lock, c10::DeviceIndex device, size_t size,
-                     size_t requested,
-                     const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
-    rt::Status s = get();
-    // Fused eager: a recorded group may refer to cached blocks (its intermediates'), so it runs before
-    // they go; while an op is being recorded it cannot, and the op then runs on its own (fused.cpp).
-    const bool held = fusedHolding();
-    if (s == rt::Status::OutOfMemory && held && !fusedRecordingHere()) {
-      lock.unlock();
-      flushFused("out of memory");
-      lock.lock();
-    }
-    if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty()) && !(held && fusedRecordingHere())) {
-      d.stats.num_alloc_retries++;
-      if (rt::asyncMode()) {
-        lock.unlock();
-        runtime::synchronizeDevice(device);
-        lock.lock();
-      }
-      freeCachedLocked(d, context);
-      s = get();
-    }
-    if (s == rt::Status::Success) return;
-    if (s != rt::Status::OutOfMemory) {
-      TORCH_CHECK(false, "neuron runtime error on neuron:", int(device), ": ", rt::statusString(s));
-    }
-    d.stats.num_ooms++;
-    size_t free_bytes = 0, total = 0;
-    rt::memGetInfo(device, &free_bytes, &total);
-    const auto allocated = d.stats.allocated_bytes[0].current;
-    const auto reserved = d.stats.reserved_bytes[0].current;
-    if (recording()) noteLocked(d, "oom", nullptr, requested, streamId(device), context, free_bytes);
-    TORCH_CHECK_WITH(OutOfMemoryError, false,
-        "neuron out of memory. Tried to allocate ", formatBytes(requested),
-        ". neuron:", int(device), " has a total capacity of ", formatBytes(total),
-        " of which ", formatBytes(free_bytes), " is free. ",
-        formatBytes(allocated), " is allocated by PyTorch, and ",
-        formatBytes(reserved - allocated), " is reserved by PyTorch but unallocated. "
-        "Free tensors you no longer need, call torch.neuron.empty_cache(), or raise the "
-        "capacity with TORCHNEURON_DEVICE_MEMORY.");
-  }
-
   std::vector<std::unique_ptr<DeviceState>> devices_;
 };
 
@@ -588,100 +598,11 @@ class BoundAllocator final : public c10::Allocator {
 
 void deleteBlock(void* ctx) { allocator().release(static_cast<Block*>(ctx)); }
 
-// The device a CPU kernel on this thread computes results for (DeviceOutputScope), or -1.
-thread_local c10::DeviceIndex t_output_device = -1;
-
-// Device blocks handed to CPU kernels, by address (see CpuAllocator).
-std::mutex g_views_mutex;
-std::unordered_map<void*, Block*> g_views;
-c10::DeleterFnPtr g_base_raw_deleter = nullptr;
-
-Block* takeView(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_views_mutex);
-  auto it = g_views.find(ptr);
-  if (it == g_views.end()) return nullptr;
-  Block* block = it->second;
-  g_views.erase(it);
-  return block;
-}
-
-// The deleter of CPU allocations: a device block goes back to the caching allocator, anything
-// else (a raw_deallocate of the wrapped allocator's memory) to the wrapped allocator.
-void deleteHostView(void* ptr) {
-  if (Block* block = takeView(ptr)) {
-    allocator().release(block);
-    return;
-  }
-  TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "neuron: a CPU allocation of unknown origin was freed");
-  g_base_raw_deleter(ptr);
-}
-
-// The process's CPU allocator, wrapped: while a thread runs a CPU kernel for the device, the
-// kernel's buffers (its results, its temporaries, oneDNN's scratchpads) are device blocks from
-// the caching allocator, seen as host memory; everything else goes to the allocator it wraps.
-// A result is then device memory already when the kernel returns, with no malloc, page faults
-// or copy: the storage only changes hands (takeHostBuffer). Blocks are handed out like the wrapped
-// allocator's memory (context = address), so raw_allocate/raw_deallocate work on both.
-class CpuAllocator final : public c10::Allocator {
- public:
-  explicit CpuAllocator(c10::Allocator* base) : base_(base) {}
-
-  c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex device = t_output_device;
-    if (device < 0) return base_->allocate(nbytes);
-    c10::DataPtr block = allocator().allocateOn(device, nbytes);
-    void* ptr = block.get();
-    {
-      std::lock_guard<std::mutex> lock(g_views_mutex);
-      g_views.emplace(ptr, static_cast<Block*>(block.release_context()));
-    }
-    return {ptr, ptr, &deleteHostView, c10::Device(c10::kCPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override {
-    return g_base_raw_deleter != nullptr ? &deleteHostView : nullptr;
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
-  }
-
- private:
-  c10::Allocator* base_;
-};
-
 struct Registration {
-  Registration() {
-    c10::SetAllocator(kNeuron, &allocator());
-    c10::Allocator* base = c10::GetCPUAllocator();
-    g_base_raw_deleter = base->raw_deleter();
-    static CpuAllocator cpu(base);
-    c10::SetCPUAllocator(&cpu, /*priority=*/1);
-  }
+  Registration() { c10::SetAllocator(kNeuron, &allocator()); }
 } registration;
 
 }  // namespace
-
-DeviceOutputScope::DeviceOutputScope(c10::DeviceIndex device) : previous_(t_output_device) {
-  t_output_device = device;
-}
-
-DeviceOutputScope::~DeviceOutputScope() { t_output_device = previous_; }
-
-std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device) {
-  const c10::DataPtr& view = storage->data_ptr();
-  if (view.get_deleter() != &deleteHostView || view.get_context() != view.get()) return std::nullopt;
-  void* ptr = view.get();
-  Block* block = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(g_views_mutex);
-    auto it = g_views.find(ptr);
-    if (it == g_views.end() || it->second->device != device) return std::nullopt;
-    block = it->second;
-    g_views.erase(it);
-  }
-  // The storage lets go of the block without running its deleter: it belongs to the result now.
-  storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();
-  return c10::DataPtr(ptr, block, &deleteBlock, c10::Device(kNeuron, device));
-}
 
 c10::DeviceAllocator* deviceAllocator() { return &allocator(); }
 

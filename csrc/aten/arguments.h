@@ -2,7 +2,8 @@
 // run PyTorch's CPU kernels (fallback.cpp for dense and nested tensors, sparse.cpp for sparse ones).
 #pragma once
 
-#include "neuron.h"
+#include "device.h"
+#include "generator.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

@@ -9,7 +9,10 @@
 // to mutable arguments is reflected back, and its outputs become neuron
 // tensors on the op's device without a copy.
 #include "arguments.h"
-#include "neuron.h"
+#include "host_addressable.h"
+#include "fallback.h"
+#include "../fused/fused_mode.h"
+#include "../fused/deferred.h"
 #include "quantized.h"
 #include "../runtime/kernel_scope.h"
 

@@ -5,7 +5,10 @@
 // (fresh result, no generator, nothing written) the same work is done here
 // with the op's own C++ signature: check devices, alias the tensor arguments
 // as CPU tensors, call the CPU kernel, move the result to the device.
-#include "neuron.h"
+#include "launch.h"
+#include "host_addressable.h"
+#include "fallback.h"
+#include "../fused/fused_mode.h"
 
 #include <ATen/Operators.h>
 #include <ATen/core/boxing/impl/boxing.h>

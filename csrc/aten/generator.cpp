@@ -6,7 +6,8 @@
 // offset (DTensor's random-op tracker, checkpointing, fork_rng) works as on
 // CUDA. A random op reserves as many offset units as it draws elements
 // (rounded up to 4) and draws element i from offset + i (random_ops.cpp).
-#include "neuron.h"
+#include "device.h"
+#include "generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/DistributionsHelper.h>

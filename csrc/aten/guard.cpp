@@ -1,5 +1,6 @@
 // The current device and stream of each thread, and PyTorch's device guard.
-#include "neuron.h"
+#include "launch.h"
+#include "allocator.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>

@@ -1,5 +1,9 @@
 // PrivateUse1 hooks: how PyTorch's generic code asks about neuron devices.
-#include "neuron.h"
+#include "device.h"
+#include "held_work.h"
+#include "allocator.h"
+#include "host_allocator.h"
+#include "generator.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Storage.h>

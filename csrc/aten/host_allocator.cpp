@@ -1,5 +1,7 @@
 // Pinned (page-locked) host memory, for Tensor.pin_memory() and fast copies.
-#include "neuron.h"
+#include "device.h"
+#include "host_allocator.h"
+#include "../runtime/neuron_runtime.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,9 @@
 // The basic kernels PyTorch needs from a device: allocation, views,
 // resizing, storage swaps, copies and reading a scalar back.
-#include "neuron.h"
+#include "launch.h"
+#include "allocator.h"
+#include "host_addressable.h"
+#include "transfers.h"
 #include "../runtime/kernel_scope.h"
 
 #include <ATen/EmptyTensor.h>

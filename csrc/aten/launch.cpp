@@ -1,5 +1,6 @@
-// Launching work on a device: what a refused launch raises.
-#include "neuron.h"
+// Launching work on a device: what a refused launch raises, the memory a kernel's arguments reach,
+// the host storages queued work kept.
+#include "launch.h"
 
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -18,6 +19,17 @@ void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name) {
   if (status == rt::Status::KernelFailed) checkRuntime(status, device, name);
   TORCH_CHECK(false, "neuron:", int(device), ": the runtime refused to launch ", name != nullptr ? name : "a kernel",
               ": ", rt::statusString(status));
+}
+
+namespace {
+thread_local KernelArguments* t_arguments = nullptr;
+}  // namespace
+
+KernelArguments::KernelArguments() : previous_(t_arguments) { t_arguments = this; }
+KernelArguments::~KernelArguments() { t_arguments = previous_; }
+KernelArguments* KernelArguments::current() { return t_arguments; }
+void KernelArguments::add(const c10::Storage& neuron) {
+  if (rt::strictMode() && neuron.nbytes() > 0) ranges_.push_back({neuron.data(), neuron.nbytes()});
 }
 
 namespace {

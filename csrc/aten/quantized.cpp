@@ -7,7 +7,7 @@
 // same memory with the quantizer's parameters on the host, PyTorch's QuantizedCPU kernel runs,
 // and quantized results become quantized neuron tensors over device memory.
 #include "quantized.h"
-#include "neuron.h"
+#include "device.h"
 
 #include <ATen/ops/_empty_affine_quantized_native.h>
 #include <ATen/ops/_empty_per_channel_affine_quantized_native.h>

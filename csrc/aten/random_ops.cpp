@@ -13,7 +13,9 @@
 // blocks of 16 as the CPU's normal kernel pairs them, inverse-CDF forms for the rest). Ops not
 // here (multinomial, poisson, gamma, binomial, rrelu, normal with tensor arguments) run the
 // CPU's kernel with a CPU generator keyed from this stream (cpuGeneratorFor).
-#include "neuron.h"
+#include "launch.h"
+#include "generator.h"
+#include "host_addressable.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

@@ -24,7 +24,8 @@
 //
 // Registered for AutogradPrivateUse1, where a composite runs (autograd comes from the ops inside, or
 // from HostGraph), and for PrivateUse1, which inference mode reaches.
-#include "neuron.h"
+#include "launch.h"
+#include "host_addressable.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>

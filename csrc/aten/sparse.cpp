@@ -12,7 +12,9 @@
 // values, nnz, dims) and building one from parts on the device are direct kernels; copy_ between
 // devices copies the parts. An op PyTorch has no CPU sparse kernel for raises NotImplementedError.
 #include "arguments.h"
-#include "neuron.h"
+#include "launch.h"
+#include "host_addressable.h"
+#include "fallback.h"
 
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
@@ -167,6 +169,10 @@ struct Alias {
   bool written;
 };
 
+// One sparse op's run on the CPU's kernel: its arguments made CPU tensors, the kernel's writes
+// reflected on the device, its results made neuron tensors. One class of about 200 lines because every
+// step reads the same state (the op, the device found, the aliases made for the arguments, their
+// layouts): split, each piece would take all of it as arguments.
 class SparseCall {
  public:
   SparseCall(const c10::OperatorHandle& op, c10::DispatchKeySet keys) : op_(op) {

@@ -2,7 +2,8 @@
 // that no CPU kernel exists to fall back to: convolution's "overrideable"
 // entry points and the fused RNN cells. Each runs PyTorch's CPU math on
 // aliases of device memory.
-#include "neuron.h"
+#include "launch.h"
+#include "host_addressable.h"
 
 #include <ATen/native/ConvUtils.h>
 

@@ -17,7 +17,8 @@
 // Ops.cpp): the dispatcher insists on the same C++ types.
 #include "collectives.h"
 
-#include "../aten/neuron.h"
+#include "../aten/launch.h"
+#include "../aten/host_addressable.h"
 #include "work.h"
 
 #include <c10/util/Exception.h>

@@ -19,7 +19,8 @@
 // fmt (which Kineto's event metadata uses) compiled into this file: libtorch does not export it.
 #define FMT_HEADER_ONLY 1
 
-#include "../aten/neuron.h"
+#include "../aten/device.h"
+#include "../aten/held_work.h"
 
 #include <GenericTraceActivity.h>
 #include <IActivityProfiler.h>

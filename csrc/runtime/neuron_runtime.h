@@ -11,9 +11,10 @@
 // tests/runtime/test_runtime.cpp checks on the runtime alone
 // (tests/test_runtime_library.py builds and runs it in each mode). Above this
 // header, the emulator's one further assumption, that device memory is
-// host-addressable, is made by csrc/aten/alias.cpp (host views), allocator.cpp
-// (CPU kernels' buffers served from device memory) and torch.compile's C++
-// kernels, which read device memory directly (docs/runtime.md).
+// host-addressable, is made in one unit, csrc/aten/host_addressable.{h,cpp}
+// (host views, CPU kernels' buffers served from device memory, device results),
+// and by the C++ kernels torch.compile generates, which read device memory
+// directly inside their launches (docs/runtime.md).
 #pragma once
 
 #include <atomic>

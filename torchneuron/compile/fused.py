@@ -1,7 +1,7 @@
 """Fused eager's graph compiler: a recorded group of ops becomes one graph, compiled by the same
 Inductor pipeline as ``torch.compile(backend="neuron")``.
 
-The C++ core records ops on neuron tensors (``csrc/aten/fused.cpp``) and, once a group has been
+The C++ core records ops on neuron tensors (``csrc/fused/fused.cpp``) and, once a group has been
 seen often enough, hands it here: its ops in order, their arguments and results as meta tensors,
 and its storages. The graph is written in the ops' own terms, in-place ops and ``out=`` included:
 
@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+
+from .. import _C
 
 __all__ = ["FusedGroup", "FusedReport", "build_graph", "compile_group", "expect", "fused_report", "learned"]
 
@@ -222,20 +224,11 @@ def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], floats: Seque
     return run
 
 
-# The pay-off rule (csrc/aten/fused.cpp): a group seen again is compiled once its op-by-op runs have
-# cost enough that what compiling saves would have paid for the compile. Its figures, before anything
-# is measured on this machine: a compile with an empty cache costs COLD_SECONDS plus
-# COLD_SECONDS_PER_OP an op (the demo's 659-op training step took about a minute on 2 cores), and
-# WARM_SECONDS_PER_OP an op with its graph in the cache (3.5 s for the demo's step, 2 s of it importing
-# Inductor); a compiled run saves GAIN of the op-by-op run (0.07-0.13 on benchmarks/bench_fused.py's
-# models). What a process measures is kept in HISTORY beside Inductor's caches, so the next process
-# starts from it: a group's own compile time and gain, and the machine's cold compile time per op
-# (from groups of at least RATE_OPS ops: a small group's time is mostly the fixed part).
-COLD_SECONDS = 1.0
-COLD_SECONDS_PER_OP = 0.05
-RATE_OPS = 64
-WARM_SECONDS_PER_OP = 0.006
-GAIN = 0.1
+# The pay-off rule (csrc/fused/fused.cpp): a group seen again is compiled once its op-by-op runs have
+# cost enough that what compiling saves would have paid for the compile. Its figures before anything is
+# measured on this machine are the policy's (csrc/fused/policy.h, read with _C._fused_config()). What a
+# process measures is kept in HISTORY beside Inductor's caches, so the next process starts from it: a
+# group's own compile time and gain, and the machine's cold compile time per op.
 HISTORY = "torchneuron-fused-groups.json"
 
 
@@ -279,26 +272,29 @@ _history = _History()
 def expect(key: int, ops: int) -> tuple[float, float]:
     """What compiling the group ``key`` (its signature's digest) of ``ops`` ops is expected to cost in
     seconds, and the fraction of its op-by-op run time a compiled run saves (the pay-off rule's view)."""
+    policy = _C._fused_config()
     with _history.lock:
         data = _history.load()
         group = data["groups"].get(f"{key:016x}")
         if group is None:  # never compiled here: a cold compile
-            return COLD_SECONDS + float(data.get("cold_seconds_per_op", COLD_SECONDS_PER_OP)) * ops, GAIN
-        return (float(group.get("warm_seconds", WARM_SECONDS_PER_OP * ops)),
-                float(group.get("gain", GAIN)))
+            per_op = float(data.get("cold_seconds_per_op", policy["cold_seconds_per_op"]))
+            return policy["cold_seconds"] + per_op * ops, policy["gain"]
+        return (float(group.get("warm_seconds", policy["warm_seconds_per_op"] * ops)),
+                float(group.get("gain", policy["gain"])))
 
 
 def learned(key: int, ops: int, compile_seconds: float, op_seconds: float, fused_seconds: float) -> None:
     """Keep what the group ``key`` measured: its compile took ``compile_seconds``; its runs took
     ``op_seconds`` op by op (0: not measured) and ``fused_seconds`` compiled (means)."""
+    policy = _C._fused_config()
     with _history.lock:
         data = _history.load()
         name = f"{key:016x}"
         group = data["groups"].get(name)
         if group is None:  # it was compiled cold: the machine's rate moves towards it
             group = data["groups"][name] = {"ops": ops}
-            if ops >= RATE_OPS:
-                rate = max(compile_seconds - COLD_SECONDS, 0.0) / ops
+            if ops >= policy["rate_ops"]:
+                rate = max(compile_seconds - policy["cold_seconds"], 0.0) / ops
                 old = data.get("cold_seconds_per_op")
                 data["cold_seconds_per_op"] = rate if old is None else 0.5 * (float(old) + rate)
         else:  # its graph came from the cache
@@ -381,7 +377,6 @@ def fused_report(reset: bool = False) -> FusedReport:
         >>> for _ in range(3): train_step()
         >>> print(torchneuron.compile.fused_report())
     """
-    from .. import _C
 
     stats = _C._fused_stats()
     report = FusedReport(

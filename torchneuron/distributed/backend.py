@@ -92,7 +92,7 @@ def create_backend(options: _DistributedBackendOptions, pg_options: Any = None) 
     """
     register_kernels()
     if options.group_size > 1:  # fused eager: ranks must compile the same groups at the same steps
-        _C._fused_config(timing_free=1)
+        _C._fused_config(timing_free=True)
     ranks = list(options.global_ranks_in_group)
     if not ranks:  # the default group: this process's rank picks its device
         device = select_device()

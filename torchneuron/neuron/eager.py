@@ -78,7 +78,7 @@ def _from_env() -> None:
     rule = os.environ.get("TORCHNEURON_FUSED_COMPILE", "").strip().lower() or "payoff"
     if rule not in COMPILE_RULES:
         raise ValueError(f"TORCHNEURON_FUSED_COMPILE must be one of {', '.join(COMPILE_RULES)}, not {rule!r}")
-    _C._fused_config(payoff=int(rule == "payoff"))
+    _C._fused_config(payoff=rule == "payoff")
     value = os.environ.get("TORCHNEURON_EAGER", "").strip().lower()
     if value in ("", "op"):
         return

@@ -1,6 +1,10 @@
-// The zero-copy path: neuron memory seen as CPU tensors, and CPU kernel
-// outputs handed over to a device without copying.
-#include "neuron.h"
+// The emulator's one assumption above the runtime, that device memory is host-addressable, made in
+// its three places (host_addressable.h): host views, the CPU allocator's redirection, device results.
+#include "host_addressable.h"
+
+#include "allocator.h"
+#include "held_work.h"
+#include "launch.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
@@ -10,9 +14,100 @@
 #include <ATen/Utils.h>
 
 #include <array>
+#include <mutex>
+#include <unordered_map>
 
 namespace torchneuron {
 namespace {
+
+// ---- the CPU allocator's redirection -------------------------------------------------------------
+//
+// The process's CPU allocator, wrapped: while a thread runs a CPU kernel for the device, the
+// kernel's buffers (its results, its temporaries, oneDNN's scratchpads) are device blocks from
+// the caching allocator, seen as host memory; everything else goes to the allocator it wraps.
+// A result is then device memory already when the kernel returns, with no malloc, page faults
+// or copy: the storage only changes hands (takeHostBuffer). Blocks are handed out like the wrapped
+// allocator's memory (context = address), so raw_allocate/raw_deallocate work on both.
+
+// The device a CPU kernel on this thread computes results for (DeviceOutputScope), or -1.
+thread_local c10::DeviceIndex t_output_device = -1;
+
+// Device blocks handed to CPU kernels, by address.
+std::mutex g_blocks_mutex;
+std::unordered_map<void*, c10::DataPtr> g_blocks;
+c10::DeleterFnPtr g_base_raw_deleter = nullptr;
+
+// The deleter of CPU allocations: a device block goes back to the caching allocator, anything
+// else (a raw_deallocate of the wrapped allocator's memory) to the wrapped allocator.
+void deleteHostBuffer(void* ptr) {
+  c10::DataPtr block;
+  {
+    std::lock_guard<std::mutex> lock(g_blocks_mutex);
+    auto it = g_blocks.find(ptr);
+    if (it != g_blocks.end()) {
+      block = std::move(it->second);
+      g_blocks.erase(it);
+    }
+  }
+  if (block) return;  // released by `block` going out of scope, outside the lock
+  TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "neuron: a CPU allocation of unknown origin was freed");
+  g_base_raw_deleter(ptr);
+}
+
+class CpuAllocator final : public c10::Allocator {
+ public:
+  explicit CpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex device = t_output_device;
+    if (device < 0) return base_->allocate(nbytes);
+    c10::DataPtr block = allocateOn(device, nbytes);
+    void* ptr = block.get();
+    {
+      std::lock_guard<std::mutex> lock(g_blocks_mutex);
+      g_blocks.emplace(ptr, std::move(block));
+    }
+    return {ptr, ptr, &deleteHostBuffer, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return g_base_raw_deleter != nullptr ? &deleteHostBuffer : nullptr;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+struct Registration {
+  Registration() {
+    c10::Allocator* base = c10::GetCPUAllocator();
+    g_base_raw_deleter = base->raw_deleter();
+    static CpuAllocator cpu(base);
+    c10::SetCPUAllocator(&cpu, /*priority=*/1);
+  }
+} registration;
+
+// When a CPU storage holds a block of `device`'s caching allocator (allocated in a DeviceOutputScope),
+// takes it out of the storage as the device memory it is; otherwise nothing.
+std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device) {
+  const c10::DataPtr& view = storage->data_ptr();
+  if (view.get_deleter() != &deleteHostBuffer || view.get_context() != view.get()) return std::nullopt;
+  c10::DataPtr block;
+  {
+    std::lock_guard<std::mutex> lock(g_blocks_mutex);
+    auto it = g_blocks.find(view.get());
+    if (it == g_blocks.end() || it->second.device().index() != device) return std::nullopt;
+    block = std::move(it->second);
+    g_blocks.erase(it);
+  }
+  // The storage lets go of the block without running its deleter: it belongs to the result now.
+  storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();
+  return block;
+}
+
+// ---- device results ------------------------------------------------------------------------------
 
 // Copies the buffer of a CPU storage into new device memory of `device`; the storage keeps its own.
 c10::DataPtr copyHostBuffer(const c10::StorageImpl* storage, c10::DeviceIndex device) {
@@ -36,10 +131,15 @@ c10::DataPtr takeHostBuffer(c10::StorageImpl* storage, c10::DeviceIndex device) 
 
 }  // namespace
 
-// ---- the device memory a kernel reaches ----------------------------------------------------------
+DeviceOutputScope::DeviceOutputScope(c10::DeviceIndex device) : previous_(t_output_device) {
+  t_output_device = device;
+}
+
+DeviceOutputScope::~DeviceOutputScope() { t_output_device = previous_; }
+
+// ---- host views: the device memory a kernel reaches ---------------------------------------------- ----------------------------------------------------------
 
 namespace {
-thread_local KernelArguments* t_arguments = nullptr;
 
 // A host view of `neuron`'s memory is being made: strict mode opens that memory for the launch it
 // is made in, else for the launch it is gathered for.
@@ -47,16 +147,9 @@ void reached(const at::Tensor& neuron) {
   if (!rt::strictMode()) return;
   const auto& storage = neuron.storage();
   rt::deviceAccessAdd(storage.data(), storage.nbytes());
-  if (t_arguments != nullptr) t_arguments->add(storage);
+  if (KernelArguments* arguments = KernelArguments::current()) arguments->add(storage);
 }
 }  // namespace
-
-KernelArguments::KernelArguments() : previous_(t_arguments) { t_arguments = this; }
-KernelArguments::~KernelArguments() { t_arguments = previous_; }
-KernelArguments* KernelArguments::current() { return t_arguments; }
-void KernelArguments::add(const c10::Storage& neuron) {
-  if (rt::strictMode() && neuron.nbytes() > 0) ranges_.push_back({neuron.data(), neuron.nbytes()});
-}
 
 at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
   auto out = at::detail::make_tensor<c10::TensorImpl>(

@@ -5,7 +5,7 @@
 // Recording is the asynchronous mode's deferral (deferred.cpp) with one table of stand-ins for the
 // whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
 // its CPU kernel is kept for later. A group is cut when anything reaches the runtime (a launch that
-// is not recorded, a copy, a synchronization: handOverHeldWork, neuron.h), when the device or stream
+// is not recorded, a copy, a synchronization: handOverHeldWork, aten/held_work.h), when the device or stream
 // changes, and at a size bound: cut points follow the program's order of ops alone, never timing.
 //
 // A group is known by its signature: its ops, their non-tensor arguments, their tensors' sizes,
@@ -14,7 +14,9 @@
 // storages from before the group and writes those still referred to; the others (intermediates)
 // live only inside it. A group seen too seldom, not yet paying for its compile, or that does not
 // compile, runs op by op, exactly as the ops would have run.
-#include "fused.h"
+#include "compiler.h"
+#include "fused_mode.h"
+#include "../aten/host_addressable.h"
 #include "../runtime/kernel_scope.h"
 
 #include <ATen/Context.h>
@@ -85,9 +87,9 @@ class Group final : public StandIns {
     const auto& args = op.kernel.op.schema().arguments();
     for (size_t i = 0; i < op.meta_arguments.size(); ++i)
       token(op.meta_arguments[i], i < args.size() && scalarArgument(args[i].type()));
-    tokens_.push_back(-1);
+    TokenWriter(tokens_).token(Token::ArgumentsEnd);
     for (const auto& iv : op.meta_results) token(iv, false);
-    tokens_.push_back(-2);
+    TokenWriter(tokens_).token(Token::ResultsEnd);
     ops_.push_back(std::move(op));
   }
 
@@ -102,8 +104,7 @@ class Group final : public StandIns {
   // The signature, with which of the storages it made are still referred to.
   std::vector<int64_t> signature() const {
     std::vector<int64_t> key = tokens_;
-    key.push_back(-3);
-    key.push_back(device_);
+    TokenWriter(key).token(Token::GroupEnd, device_);
     for (const Slot* s : ordered_) key.push_back(s->is_made ? (alive(*s) ? 1 : 0) : 2);
     return key;
   }
@@ -183,28 +184,25 @@ class Group final : public StandIns {
     return t->kind() == c10::TypeKind::NumberType;
   }
 
+  // Appends a value's tokens (encoding.h) to the signature; `scalar`: a float there is the graph's input.
   void token(const c10::IValue& iv, bool scalar) {
+    TokenWriter w(tokens_);
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
-      if (!t.defined()) return tokens_.push_back(3);
+      if (!t.defined()) return w.token(Token::Undefined);
       if (!t.is_meta() && lift_ && t.unsafeGetTensorImpl()->is_wrapped_number() && t.is_floating_point()) {
-        tokens_.push_back(12);  // a Python float: an input of the graph, as floats are
+        w.token(Token::LiftedTensorFloat);  // a Python float: an input of the graph, as floats are
         scalars_.push_back(t.item<double>());
         return;
       }
       if (!t.is_meta()) {  // a CPU scalar: its value is part of the op
-        tokens_.push_back(2);
-        tokens_.push_back(static_cast<int64_t>(t.scalar_type()));
-        const double v = t.is_complex() ? 0.0 : t.item<double>();
         if (t.is_complex()) compilable_ = false;
-        int64_t bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        return tokens_.push_back(bits);
+        return w.token(Token::CpuScalar, t.scalar_type(), TokenWriter::floatBits(t.is_complex() ? 0.0 : t.item<double>()));
       }
       auto it = by_meta_.find(t.storage().unsafeGetStorageImpl());
       if (it == by_meta_.end()) {  // a meta kernel's scratch (no device storage): nothing to compile
         compilable_ = false;
-        return tokens_.push_back(4);
+        return w.token(Token::Scratch);
       }
       Slot& s = *it->second;
       if (s.index < 0) {
@@ -216,49 +214,20 @@ class Group final : public StandIns {
         compilable_ = false;  // one storage read as two dtypes
       }
       if (t.is_conj() || t.is_neg()) compilable_ = false;
-      tokens_.push_back(1);
-      tokens_.push_back(s.index);
-      tokens_.push_back(static_cast<int64_t>(t.scalar_type()));
-      tokens_.push_back(t.dim());
-      for (auto v : t.sizes()) tokens_.push_back(v);
-      for (auto v : t.strides()) tokens_.push_back(v);
-      return tokens_.push_back(t.storage_offset());
-    }
-    if (iv.isNone()) return tokens_.push_back(5);
-    if (iv.isBool() || iv.isInt()) {
-      tokens_.push_back(6);
-      return tokens_.push_back(iv.isBool() ? int64_t(iv.toBool()) : iv.toInt());
+      return w.tensor(s.index, t);  // its place: the group's storage it is on
     }
     if (iv.isDouble() && lift_ && scalar) {  // an input of the graph: a learning rate may change every step
-      tokens_.push_back(13);
+      w.token(Token::LiftedFloat);
       scalars_.push_back(iv.toDouble());
       return;
     }
-    if (iv.isDouble()) {
-      tokens_.push_back(7);
-      const double v = iv.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      return tokens_.push_back(bits);
-    }
-    if (iv.isString()) {
-      tokens_.push_back(8);
-      return tokens_.push_back(static_cast<int64_t>(std::hash<std::string_view>()(iv.toStringView())));
-    }
-    if (iv.isDevice()) {
-      tokens_.push_back(9);
-      return tokens_.push_back(static_cast<int64_t>(iv.toDevice().type()) * 1024 + iv.toDevice().index());
-    }
     if (iv.isList()) {
-      const auto list = iv.toListRef();
-      tokens_.push_back(10);
-      tokens_.push_back(static_cast<int64_t>(list.size()));
-      for (const auto& e : list) token(e, scalar);
+      w.list(iv, [&](const c10::IValue& e) { return token(e, scalar), true; });
       return;
     }
+    if (w.value(iv, /*float_value=*/true)) return;
     compilable_ = false;  // complex scalars, tuples, ...: run op by op
-    tokens_.push_back(11);
-    tokens_.push_back(static_cast<int64_t>(iv.tagKind().size()));
+    w.token(Token::Other, iv.tagKind().size());
   }
 
   std::deque<Slot> slots_;
@@ -320,14 +289,6 @@ struct State {
   FusedLearned learned = nullptr;
 };
 
-// Compiled runs timed before what they measured is told to the policy (after the first, left out).
-constexpr int64_t kTimedRuns = 4;
-// Without a policy (torchneuron.compile.fused's figures, before it has measured anything): a compile
-// costs a fixed part plus this much an op (cold, on 2 cores: the demo's 659-op training step took about
-// a minute) and saves this fraction of a group's op-by-op time (0.07-0.13 on the benchmarks).
-constexpr double kColdSeconds = 1.0;
-constexpr double kSecondsPerOp = 0.05;
-constexpr double kGain = 0.1;
 
 int64_t since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
@@ -436,7 +397,8 @@ void runGroup(State& st, Group& g, const char* reason) {
       known.stable = g.stableKey();
       FusedExpectation e;
       if (st.expect != nullptr) e = st.expect(known.stable, g.size());
-      if (e.compile_seconds < 0) e = {kColdSeconds + kSecondsPerOp * static_cast<double>(g.size()), kGain};
+      if (e.compile_seconds < 0)  // no measurement to go by: the policy's figures
+        e = {config.cold_seconds + config.cold_seconds_per_op * static_cast<double>(g.size()), config.gain};
       known.stats.expected_compile_seconds = e.compile_seconds;
       known.stats.expected_gain = e.gain;
     }
@@ -477,11 +439,11 @@ void runGroup(State& st, Group& g, const char* reason) {
     const auto start = std::chrono::steady_clock::now();
     st.run(known.graph.get(), inputs);
     if (known.stats.fused_runs++ > 0) known.stats.fused_ns += since(start);
-    if (known.stats.fused_runs == kTimedRuns + 1 && !known.told && st.learned != nullptr) {
+    if (known.stats.fused_runs == fusedConfig().timed_runs + 1 && !known.told && st.learned != nullptr) {
       known.told = true;
       if (known.stable == 0) known.stable = g.stableKey();
       st.learned(known.stable, g.size(), double(known.stats.compile_ns) * 1e-9, known.meanLaterOpNs() * 1e-9,
-                 double(known.stats.fused_ns) * 1e-9 / double(kTimedRuns));
+                 double(known.stats.fused_ns) * 1e-9 / double(fusedConfig().timed_runs));
     }
     return;
   }

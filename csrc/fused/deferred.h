@@ -3,7 +3,8 @@
 // records it into a group that runs later.
 #pragma once
 
-#include "neuron.h"
+#include "../aten/launch.h"
+#include "encoding.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -60,16 +61,6 @@ struct Deferred {
   torch::jit::Stack meta_results;    // the results as the meta kernel gave them
 };
 
-// The hash of a key made of integers: the meta cache's (an op and its arguments' layouts) and a
-// fused group's signature.
-struct TokensHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
-    size_t h = v.size();
-    for (int64_t x : v) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h;
-  }
-};
-
 // Whether an op's floating-point arguments can set its results' sizes (upsample's scales, arange's
 // bounds): elsewhere they are values only.
 bool floatsSetSizes(const c10::FunctionSchema& schema);
@@ -77,9 +68,16 @@ bool floatsSetSizes(const c10::FunctionSchema& schema);
 // An empty meta storage of `nbytes` bytes: a device storage's stand-in.
 c10::Storage metaStorage(size_t nbytes);
 
+// Asynchronous mode: queues a boxed op on its device's current stream when its results' sizes can
+// be known ahead (from its meta kernel). The results are allocated now and returned on the stack;
+// the CPU kernel runs on the stream's worker. False (the stack untouched) when the op must run
+// synchronously: results whose sizes depend on data, host values returned, random ops, sparse or
+// nested tensors, an out= argument resized, anything the meta kernel refuses.
+bool enqueueOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 // Runs `op`'s meta kernel on stand-ins, allocates its new results on the device, and replaces the
 // arguments on `stack` by the results. False (the stack untouched) when the op must run now: see
-// enqueueOp in neuron.h.
+// enqueueOp.
 bool deferOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, StandIns& standins, Deferred* out,
              bool keep_meta);
 

@@ -10,7 +10,9 @@
 // its kernel is queued goes back to the caching allocator, whose blocks belong to a stream.
 #include "deferred.h"
 
-#include "arguments.h"
+#include "../aten/allocator.h"
+#include "../aten/arguments.h"
+#include "../aten/host_addressable.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -276,54 +278,30 @@ bool metaKey(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size
              std::vector<const c10::StorageImpl*>* storages) {
   const bool floats = floatsSetSizes(op.schema());
   key->push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&op.schema())));
+  TokenWriter w(*key);
   std::function<bool(const c10::IValue&)> add = [&](const c10::IValue& iv) -> bool {
     if (iv.isTensor()) {
       const at::Tensor& t = iv.toTensor();
-      if (!t.defined()) return key->push_back(3), true;
+      if (!t.defined()) return w.token(Token::Undefined), true;
       if (t.device().type() == kNeuron) {
         if (t.layout() != c10::kStrided || !t.has_storage()) return false;
+        // Its place: the first argument on the same storage (-1: none before it), and the storage's size.
         const auto* storage = t.storage().unsafeGetStorageImpl();
         int64_t same = -1;
         for (size_t i = 0; i < storages->size(); ++i)
           if ((*storages)[i] == storage) { same = static_cast<int64_t>(i); break; }
         storages->push_back(storage);
-        key->insert(key->end(), {1, static_cast<int64_t>(t.scalar_type()), t.dim(), same,
-                                 static_cast<int64_t>(t.storage().nbytes()), t.storage_offset(),
-                                 int64_t(t.is_conj()) * 2 + int64_t(t.is_neg())});
-        for (auto v : t.sizes()) key->push_back(v);
-        for (auto v : t.strides()) key->push_back(v);
+        w.tensor(same, t);
+        w.raw(static_cast<int64_t>(t.storage().nbytes()));
         return true;
       }
       if (t.dim() > 0 || t.layout() != c10::kStrided) return false;
       storages->push_back(nullptr);
-      key->insert(key->end(), {2, static_cast<int64_t>(t.scalar_type()),
-                               int64_t(t.unsafeGetTensorImpl()->is_wrapped_number())});
+      w.token(Token::CpuScalar, t.scalar_type(), t.unsafeGetTensorImpl()->is_wrapped_number());
       return true;
     }
-    if (iv.isNone()) return key->push_back(5), true;
-    if (iv.isBool() || iv.isInt()) return key->insert(key->end(), {6, iv.isBool() ? int64_t(iv.toBool()) : iv.toInt()}), true;
-    if (iv.isDouble()) {
-      key->push_back(7);
-      if (floats) {
-        double v = iv.toDouble();
-        int64_t bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        key->push_back(bits);
-      }
-      return true;
-    }
-    if (iv.isString())
-      return key->insert(key->end(), {8, static_cast<int64_t>(std::hash<std::string_view>()(iv.toStringView()))}), true;
-    if (iv.isDevice())
-      return key->insert(key->end(), {9, static_cast<int64_t>(iv.toDevice().type()) * 1024 + iv.toDevice().index()}), true;
-    if (iv.isList()) {
-      const auto list = iv.toListRef();
-      key->insert(key->end(), {10, static_cast<int64_t>(list.size())});
-      for (const auto& e : list)
-        if (!add(e)) return false;
-      return true;
-    }
-    return false;
+    if (iv.isList()) return w.list(iv, add);
+    return w.value(iv, floats);
   };
   for (size_t i = first; i < stack.size(); ++i)
     if (!add(stack[i])) return false;

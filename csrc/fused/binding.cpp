@@ -1,6 +1,7 @@
 // The Python side of fused eager: the mode, the report, and the hooks that hand a recorded group to
 // torchneuron.compile.fused (which builds and compiles its graph) and run what it returns.
-#include "aten/fused.h"
+#include "compiler.h"
+#include "fused_mode.h"
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -10,6 +11,9 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace torchneuron {
@@ -215,6 +219,48 @@ py::dict stats() {
   return out;
 }
 
+// Each figure of FusedConfig by its name, for torchneuron._C._fused_config.
+using ConfigField = std::variant<int64_t FusedConfig::*, double FusedConfig::*, bool FusedConfig::*>;
+const std::vector<std::pair<const char*, ConfigField>>& configFields() {
+  static const std::vector<std::pair<const char*, ConfigField>> fields = {
+      {"compile_after", &FusedConfig::compile_after}, {"payoff", &FusedConfig::payoff},
+      {"timing_free", &FusedConfig::timing_free},     {"skip_ahead", &FusedConfig::skip_ahead},
+      {"min_ops", &FusedConfig::min_ops},             {"max_ops", &FusedConfig::max_ops},
+      {"patience", &FusedConfig::patience},           {"bypass_ops", &FusedConfig::bypass_ops},
+      {"cold_seconds", &FusedConfig::cold_seconds},   {"cold_seconds_per_op", &FusedConfig::cold_seconds_per_op},
+      {"rate_ops", &FusedConfig::rate_ops},           {"warm_seconds_per_op", &FusedConfig::warm_seconds_per_op},
+      {"gain", &FusedConfig::gain},                   {"timed_runs", &FusedConfig::timed_runs},
+  };
+  return fields;
+}
+
+py::dict configure(const py::kwargs& changes) {
+  auto& config = fusedConfig();
+  py::dict before;
+  for (const auto& [name, field] : configFields())
+    std::visit([&, name = name](auto member) { before[name] = config.*member; }, field);
+  for (const auto& [key, value] : changes) {
+    const auto name = py::cast<std::string>(key);
+    const auto it = std::find_if(configFields().begin(), configFields().end(),
+                                 [&](const auto& f) { return name == f.first; });
+    if (it == configFields().end()) {
+      throw py::type_error("_fused_config() got an unexpected keyword argument '" + name + "'");
+    }
+    std::visit([&](auto member) {
+      using T = std::remove_reference_t<decltype(config.*member)>;
+      const T v = py::cast<T>(value);
+      if constexpr (std::is_same_v<T, int64_t>) {  // counts: bypass_ops and skip_ahead may be 0 (none)
+        if (v < 0 || (v == 0 && name != "bypass_ops" && name != "skip_ahead"))
+          throw py::value_error("_fused_config: " + name + " must be positive, got " + std::to_string(v));
+      } else if constexpr (std::is_same_v<T, double>) {
+        if (!(v >= 0)) throw py::value_error("_fused_config: " + name + " must be 0 or more, got " + std::to_string(v));
+      }
+      config.*member = v;
+    }, it->second);
+  }
+  return before;
+}
+
 }  // namespace
 
 void bindFused(py::module& m) {
@@ -226,23 +272,8 @@ void bindFused(py::module& m) {
   m.def("_fused_flush", [] { flushFused("flush"); });
   m.def("_fused_stats", &stats);
   m.def("_fused_reset", &resetFusedStats);
-  m.def("_fused_config", [](int64_t compile_after, int64_t min_ops, int64_t max_ops, int64_t patience,
-                            int64_t bypass_ops, int payoff, int timing_free, int64_t skip_ahead) {
-    auto& c = fusedConfig();
-    const auto before = py::make_tuple(c.compile_after, c.min_ops, c.max_ops, c.patience, c.bypass_ops,
-                                       int(c.payoff), int(c.timing_free), c.skip_ahead);
-    if (skip_ahead >= 0) c.skip_ahead = skip_ahead;
-    if (payoff >= 0) c.payoff = payoff != 0;
-    if (timing_free >= 0) c.timing_free = timing_free != 0;
-    if (compile_after > 0) c.compile_after = compile_after;
-    if (min_ops > 0) c.min_ops = min_ops;
-    if (max_ops > 0) c.max_ops = max_ops;
-    if (patience > 0) c.patience = patience;
-    if (bypass_ops >= 0) c.bypass_ops = bypass_ops;
-    return before;
-  }, py::arg("compile_after") = 0, py::arg("min_ops") = 0, py::arg("max_ops") = 0, py::arg("patience") = 0,
-     py::arg("bypass_ops") = -1, py::arg("payoff") = -1, py::arg("timing_free") = -1, py::arg("skip_ahead") = -1,
-     "Sets what is given (0, -1: unchanged; payoff and timing_free 0 or 1); returns the settings before.");
+  m.def("_fused_config", &configure,
+        "Fused eager's policy (csrc/fused/policy.h): sets the figures given by name, returns them all as they were.");
   m.def("_set_fused_policy", [](py::object expect_fn, py::object learned_fn) {
     if (expecter == nullptr) expecter = new py::object(), learner = new py::object();
     *expecter = std::move(expect_fn);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "deferred.h"
+#include "policy.h"
 
 #include <map>
 #include <memory>
@@ -81,22 +82,5 @@ struct FusedStats {
 FusedStats fusedStats();
 void resetFusedStats();  // also forgets the compiled groups
 
-struct FusedConfig {
-  int64_t compile_after = 2;  // a group is compiled the time it is seen this often at the earliest, and
-  // then (pay-off rule) once its op-by-op runs have cost enough that what compiling saves pays for the
-  // compile: (time run op by op) x (expected gain) >= (expected compile time). Off (payoff = false), or
-  // in a process group of several processes, where time must not decide what ranks run (timing_free),
-  // it is compiled the time it is seen compile_after times.
-  bool payoff = true;
-  bool timing_free = false;
-  int64_t skip_ahead = 32;  // while a group waits to pay, up to this many of its occurrences in a row run
-                            // unrecorded (op mode's path), each credited with its mean op-by-op time
-  int64_t min_ops = 32;        // smaller groups always run op by op (a compiled graph's call costs more)
-  int64_t max_ops = 4096;      // a group is cut when it has this many ops
-  int64_t patience = 4;        // this many unprofitable groups in a row ...
-  int64_t bypass_ops = 1024;   // ... and this many ops run without recording (doubling, up to 1024 times
-                               // as many, while trying again does not pay)
-};
-FusedConfig& fusedConfig();
 
 }  // namespace torchneuron

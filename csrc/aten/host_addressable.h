@@ -1,0 +1,92 @@
+// The emulator's one assumption above the runtime: device memory is host-addressable
+// (host_addressable.cpp). A driver for silicon replaces this unit, and nothing else above the runtime.
+//
+// It is made in three places, all here:
+// - host views: a CPU tensor over a neuron tensor's device memory, what a CPU kernel runs on inside
+//   a launch (and, held, what gloo's threads read and write during a collective);
+// - the CPU allocator's redirection: while a CPU kernel runs for a device (DeviceOutputScope), the
+//   buffers it allocates are blocks of that device's caching allocator, so its results are device
+//   memory when it returns;
+// - device results: a neuron tensor made from what a CPU kernel returned, its buffer taken over when
+//   it is device memory already or the kernel's alone to give, else copied.
+// (The C++ kernels torch.compile generates for the device address its memory too, each inside a
+// launch given its arguments' storages: torchneuron/compile/inductor.py, _C._launch.)
+#pragma once
+
+#include "device.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+#include <c10/core/StorageImpl.h>
+
+#include <optional>
+
+namespace torchneuron {
+
+// Two ideas, one name each (docs/runtime.md, "The zero-copy path"):
+//
+// A host view is a CPU tensor over a neuron tensor's device memory (same sizes, strides, offset,
+// dtype, conj/neg bits): what a CPU kernel runs on inside a launch.
+//
+// A device result is a neuron tensor made from what a CPU kernel returned: its buffer is taken
+// over when it is device memory already or the kernel's alone to give, else copied.
+
+// The host view of `neuron`, which must outlive it. Valid inside a launch (kernel, copy).
+at::Tensor hostView(const at::Tensor& neuron);
+// A host view over an existing host view's storage, for a second tensor on the same device
+// storage: one op's arguments that share memory on the device share it on the CPU too, so
+// PyTorch's overlap checks see it.
+at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& host_storage);
+// A host view that holds the device memory alive and cannot be resized, for work that keeps it
+// past the call that made it. `open`: in strict mode its memory stays reachable to every thread
+// while the view lives (a collective in flight: gloo's threads reach it); else only inside the
+// launches that reach it (a CPU autograd graph kept between its forward and backward launches).
+at::Tensor hostViewHolding(const at::Tensor& neuron, bool open);
+// A tensor of dispatch key `key` (CPU: a host view; PrivateUse1: a neuron tensor; Meta: a stand-in)
+// over `storage`, with the sizes, strides, offset, dtype and conjugate and negative bits of `like`.
+at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);
+// A CPU storage over a neuron tensor's device memory that does not own it, for host views that
+// work queued on a stream keeps (hostViewSharing over it): the device memory is referred to by
+// address, as a real kernel's arguments are.
+c10::Storage hostStorageOf(const at::Tensor& neuron);
+// An argument as a CPU kernel takes it: the host view of a neuron tensor, anything else as it is.
+inline at::Tensor hostArgument(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron ? hostView(t) : t;
+}
+inline std::optional<at::Tensor> hostArgument(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? std::optional<at::Tensor>(hostArgument(*t)) : t;
+}
+template <class T>
+const T& hostArgument(const T& value) { return value; }
+
+// The device result of a dense CPU tensor on `device` (an undefined tensor stays undefined).
+// When nothing else refers to `cpu`, its TensorImpl is reused.
+at::Tensor deviceResult(at::Tensor cpu, c10::DeviceIndex device);
+// The same, one step at a time: a device storage from a CPU storage's buffer (taken, or copied
+// when it is not the kernel's to give), one holding a copy, and a neuron tensor over a device
+// storage with the metadata of `like`.
+c10::Storage deviceStorage(c10::StorageImpl* host_storage, c10::DeviceIndex device);
+c10::Storage deviceStorageCopy(const c10::StorageImpl* host_storage, c10::DeviceIndex device);
+at::Tensor deviceTensorOver(c10::Storage storage, const at::Tensor& like);
+// Turns a CPU tensor that nothing else references into a neuron tensor over `storage` (same
+// sizes, strides and offset), reusing its TensorImpl.
+at::Tensor deviceTensorReusing(at::Tensor cpu, c10::Storage storage);
+// Makes `neuron` reflect what a kernel did to its host view: new sizes, strides, offset, or a new
+// buffer after a resize.
+void updateFromHostView(const at::Tensor& neuron, const at::Tensor& view);
+
+// While alive, buffers that CPU kernels on this thread allocate through the CPU allocator are
+// blocks of `device`'s caching allocator (seen as host memory): the kernels' results need no
+// adoption and no copy. Scopes nest; -1 turns the redirection off.
+class DeviceOutputScope {
+ public:
+  explicit DeviceOutputScope(c10::DeviceIndex device);
+  ~DeviceOutputScope();
+  DeviceOutputScope(const DeviceOutputScope&) = delete;
+  DeviceOutputScope& operator=(const DeviceOutputScope&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+
+}  // namespace torchneuron
