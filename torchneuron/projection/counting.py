@@ -290,6 +290,71 @@ def _sdpa_cpu_flops(func: Any, args: tuple) -> float:
     return 2.0 * b * lq * lk * d * matmuls
 
 
+class _LiveMemory:
+    """The memory a counted program holds: the bytes of the storages its ops created that are still
+    alive, their peak, and a number naming each storage the ops read or write.
+
+    Outputs of non-view, out-of-place ops own new storage. Its release is seen through a weak
+    reference to the storage, swept every few ops (tensors themselves carry nothing).
+    """
+
+    def __init__(self) -> None:
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._live: List[Any] = []
+        self._ops_since_sweep = 0
+        self._idents: Dict[int, Any] = {}
+        self._serial = 0
+
+    def track(self, outputs: List[torch.Tensor], step: StepCounts, forward: bool) -> None:
+        """Count ``outputs``' storage as live in ``step``, and in its forward peak if ``forward``."""
+        for t in outputs:
+            try:
+                ref = StorageWeakRef(t.untyped_storage())
+            except Exception:  # tensors without a storage (sparse, nested) are not tracked
+                continue
+            size = _nbytes(t)
+            self._live.append((ref, size))
+            self.live_bytes += size
+        self._ops_since_sweep += 1
+        # A new peak is only believed after releases are swept (at most every few ops).
+        if self.live_bytes > step.peak_bytes and self._ops_since_sweep >= _SWEEP_EVERY:
+            self.sweep()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        step.peak_bytes = max(step.peak_bytes, self.live_bytes)
+        if forward:
+            # Outside backward and the optimizer: what the forward keeps alive (activations).
+            step.forward_peak_bytes = max(step.forward_peak_bytes, self.live_bytes)
+
+    def ident(self, t: torch.Tensor) -> int:
+        """A number naming ``t``'s storage for as long as it lives (views share it; a storage
+        allocated later at the same address gets a new number)."""
+        try:
+            storage = t.untyped_storage()
+        except Exception:  # no storage (sparse, nested): the tensor object names itself
+            return -id(t)
+        key = storage._cdata
+        entry = self._idents.get(key)
+        if entry is None or entry[0].expired():
+            self._serial += 1
+            entry = (StorageWeakRef(storage), self._serial)
+            self._idents[key] = entry
+        return entry[1]
+
+    def sweep(self) -> None:
+        """Forget the storages released since the last sweep."""
+        self._ops_since_sweep = 0
+        if len(self._idents) > 4 * len(self._live) + 1024:
+            self._idents = {k: v for k, v in self._idents.items() if not v[0].expired()}
+        alive = []
+        for ref, size in self._live:
+            if ref.expired():
+                self.live_bytes -= size
+            else:
+                alive.append((ref, size))
+        self._live = alive
+
+
 class CountingMode(TorchDispatchMode):
     """Record the work of every ATen op run while active, step by step.
 
@@ -323,16 +388,11 @@ class CountingMode(TorchDispatchMode):
         self.params = 0
         self.param_bytes = 0
         self.steps: List[StepCounts] = [StepCounts()]
-        self.live_bytes = 0
-        self.peak_bytes = 0
         self.data_dependent_reads = 0
         self.saw_fake = False
         self._phase = "model"
         self._hooks: List[Any] = []
-        self._live: List[Any] = []
-        self._ops_since_sweep = 0
-        self._idents: Dict[int, Any] = {}
-        self._serial = 0
+        self._memory = _LiveMemory()
         self._pending_cut = ""  # a value was read back since the last recorded op
 
     def __enter__(self) -> "CountingMode":
@@ -374,35 +434,9 @@ class CountingMode(TorchDispatchMode):
             super().__exit__(None, None, None)
 
     def resolve(self, signatures: Dict[str, Dict[int, Any]]) -> None:
-        """Give each watched step the records of the fully counted step whose kernels it repeats.
-
-        Args:
-            signatures: from :meth:`_KernelWatch.stop`: per segment of the profiler's timeline,
-                its ``exact`` signature where shapes were recorded and its ``named`` one.
-        """
-        exact, named = signatures["exact"], signatures["named"]
-        full: Dict[Any, int] = {}
-        for i, step in enumerate(self.steps):
-            if step.counted and step.segment in exact:
-                full.setdefault(exact[step.segment], i)
-        known: Dict[Any, int] = {}  # named signature of a watched step matched exactly -> its source
-        for step in self.steps[:-1]:  # the last one is still open: nothing ran in it
-            if step.counted:
-                continue
-            if step.segment in exact:
-                match = full.get(exact[step.segment])
-                if match is not None and step.segment in named:
-                    known.setdefault(named[step.segment], match)
-            else:
-                match = known.get(named.get(step.segment)) if step.segment in named else None
-            if match is None:
-                self.unmatched_steps += 1
-                continue
-            src = self.steps[match]
-            step.ops = src.ops
-            step.start_bytes, step.peak_bytes = src.start_bytes, src.peak_bytes
-            step.forward_peak_bytes = src.forward_peak_bytes
-            step.counted, step.repeat_of = True, match
+        """Give each watched step the records of the fully counted step whose kernels it repeats
+        (:func:`_resolve_steps`; ``signatures`` from :meth:`_KernelWatch.stop`)."""
+        self.unmatched_steps += _resolve_steps(self.steps, signatures)
 
     # -- steps ---------------------------------------------------------------------------------
     @property
@@ -433,7 +467,7 @@ class CountingMode(TorchDispatchMode):
                     self._switched = self._watch.switch(closed.segment)
 
     def _close_step(self, tokens: int = 0, samples: int = 0) -> None:
-        self._sweep()
+        self._memory.sweep()
         self.current.tokens += tokens
         self.current.samples += samples
         self._boundary(self.current)
@@ -453,7 +487,7 @@ class CountingMode(TorchDispatchMode):
 
     def discard(self) -> None:
         """Forget the ops of the open step (model construction, warm-up) without closing it."""
-        self._sweep()
+        self._memory.sweep()
         self._boundary(None)
         self.steps[-1] = StepCounts(start_bytes=self.live_bytes, peak_bytes=self.live_bytes,
                                     forward_peak_bytes=self.live_bytes, counted=self.steps[-1].counted)
@@ -466,61 +500,22 @@ class CountingMode(TorchDispatchMode):
         return done
 
     # -- memory ----------------------------------------------------------------------------------
-    def _track(self, outputs: List[torch.Tensor]) -> None:
-        # Outputs of non-view, out-of-place ops own new storage. Its release is seen through a weak
-        # reference to the storage, swept every few ops (tensors themselves carry nothing).
-        for t in outputs:
-            try:
-                ref = StorageWeakRef(t.untyped_storage())
-            except Exception:  # tensors without a storage (sparse, nested) are not tracked
-                continue
-            size = _nbytes(t)
-            self._live.append((ref, size))
-            self.live_bytes += size
-        self._ops_since_sweep += 1
-        # A new peak is only believed after releases are swept (at most every few ops).
-        if self.live_bytes > self.current.peak_bytes and self._ops_since_sweep >= _SWEEP_EVERY:
-            self._sweep()
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        step = self.current
-        step.peak_bytes = max(step.peak_bytes, self.live_bytes)
-        if self._phase == "model" and torch._C._current_graph_task_id() == -1:
-            # Outside backward and the optimizer: what the forward keeps alive (activations).
-            step.forward_peak_bytes = max(step.forward_peak_bytes, self.live_bytes)
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the storages created by counted ops that are still alive."""
+        return self._memory.live_bytes
 
-    def _ident(self, t: torch.Tensor) -> int:
-        """A number naming ``t``'s storage for as long as it lives (views share it; a storage
-        allocated later at the same address gets a new number)."""
-        try:
-            storage = t.untyped_storage()
-        except Exception:  # no storage (sparse, nested): the tensor object names itself
-            return -id(t)
-        key = storage._cdata
-        entry = self._idents.get(key)
-        if entry is None or entry[0].expired():
-            self._serial += 1
-            entry = (StorageWeakRef(storage), self._serial)
-            self._idents[key] = entry
-        return entry[1]
-
-    def _sweep(self) -> None:
-        self._ops_since_sweep = 0
-        if len(self._idents) > 4 * len(self._live) + 1024:
-            self._idents = {k: v for k, v in self._idents.items() if not v[0].expired()}
-        alive = []
-        for ref, size in self._live:
-            if ref.expired():
-                self.live_bytes -= size
-            else:
-                alive.append((ref, size))
-        self._live = alive
+    @property
+    def peak_bytes(self) -> int:
+        """The most :attr:`live_bytes` has been since counting began."""
+        return self._memory.peak_bytes
 
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         info = _OP_INFO.get(func)
         if info is None:
             info = _OP_INFO[func] = _op_info(func)
-        base, cls, free, inplace, cut, runs_nki = info
+        base, cls, free, inplace, _, runs_nki = info
         if base == "_local_scalar_dense":
             if args[0].device.type != "cpu":  # a CPU scalar (an optimizer's step count) is no device read
                 self._pending_cut = CUT_HOST_READ
@@ -539,56 +534,21 @@ class CountingMode(TorchDispatchMode):
             out = func(*args, **kwargs) if kwargs else func(*args)
         if free:
             return out
-        inputs = _flat_tensors(args)
-        if kwargs:
-            inputs += _flat_tensors(kwargs.values())
-        outputs = [out] if isinstance(out, torch.Tensor) else _flat_tensors(out) if isinstance(out, (tuple, list)) else []
+        inputs, outputs = _operands(args, kwargs, out, inplace)
         if not self.saw_fake and (outputs or inputs) and _is_fake_or_meta((outputs or inputs)[0]):
             self.saw_fake = True
-        if inplace and not outputs:
-            # In-place: the first argument (the first list, for _foreach_ ops) is what is written.
-            outputs = _flat_tensors(args[:1]) if args else inputs[:1]
-        in_sizes = [t.numel() * t.element_size() for t in inputs]
-        out_sizes = [t.numel() * t.element_size() for t in outputs]
-        flops = 0.0
-        if cls == MATMUL:
-            if func.overloadpacket in flop_registry:
-                flops = float(flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out))
-            else:
-                flops = _sdpa_cpu_flops(func, args)
-        elif cls in (ELEMENTWISE, TRANSCENDENTAL):
-            flops = float(sum(t.numel() for t in outputs)) if outputs else float(sum(t.numel() for t in inputs))
-        elif cls == REDUCTION:
-            flops = float(sum(t.numel() for t in inputs))
-        elif cls == SORT and inputs:
-            n = inputs[0].shape[-1] if inputs[0].dim() else 1
-            flops = float(inputs[0].numel()) * max(1.0, float(n).bit_length())
-        ids = {id(t) for t in inputs}
-        fresh = [t for t in outputs if id(t) not in ids]
-        bytes_written = sum(out_sizes) if inplace else sum(t.numel() * t.element_size() for t in fresh)
-        dtype = _DTYPE_NAMES[_dtype_of(inputs, outputs)]
-        record = OpRecord(_op_name(func), cls, flops,
-                          sum(in_sizes), bytes_written, dtype, phase=self._phase,
-                          inputs=tuple(zip(map(self._ident, inputs), in_sizes)),
-                          outputs=tuple(zip(map(self._ident, outputs), out_sizes)))
+        record, fresh = _op_record(func, info, args, kwargs, out, inputs, outputs, self._memory.ident)
+        record.phase = self._phase
         if cls == COLLECTIVE:
-            record.collective = _COLLECTIVE_NAMES.get(base, base)
-            record.group_size = _group_size(args) or self.group_size
-        if cut == CUT_RANDOM and (drop_at := _DROPOUT_ARG.get(func)) is not None:
-            # Attention with dropout_p == 0 draws nothing: fused eager records it like any op.
-            p_drop = args[drop_at] if len(args) > drop_at else (kwargs or {}).get("dropout_p", 0.0)
-            cut = CUT_RANDOM if p_drop else ""
-        elif cut == CUT_DATA_DEPENDENT and base in ("index", "_unsafe_index"):
-            # Integer indices have sizes known ahead; only a boolean mask's result depends on the data.
-            cut = CUT_DATA_DEPENDENT if any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]) else ""
-        elif base in _HOST_COPIES and len({t.device.type for t in inputs + outputs}) > 1:
-            cut = CUT_HOST_COPY
+            record.group_size = record.group_size or self.group_size
         if runs_nki:
             record.nki = KernelEstimates.of(calls)
+        cut = record.cut  # the op's own; a value read back before it also ends the group there
         record.cut = cut or self._pending_cut
         self._pending_cut = CUT_HOST_READ if cut == CUT_HOST_READ else ""
         self.current.ops.append(record)
-        self._track(fresh)
+        forward = self._phase == "model" and torch._C._current_graph_task_id() == -1
+        self._memory.track(fresh, self.current, forward)
         return out
 
 
@@ -672,6 +632,43 @@ class _KernelWatch:
         self._end_session(final=True)
         named = {seg: hash((names, self.allocated(seg))) for seg, names in self._names.items()}
         return {"exact": dict(self._exact), "named": named}
+
+
+def _resolve_steps(steps: List[StepCounts], signatures: Dict[str, Dict[int, Any]]) -> int:
+    """Give each watched step the records of the fully counted step whose kernels it repeats.
+
+    Args:
+        steps: a :class:`CountingMode`'s steps, the last one still open.
+        signatures: from :meth:`_KernelWatch.stop`: per segment of the profiler's timeline,
+            its ``exact`` signature where shapes were recorded and its ``named`` one.
+
+    Returns the number of watched steps that repeat none.
+    """
+    exact, named = signatures["exact"], signatures["named"]
+    full: Dict[Any, int] = {}
+    for i, step in enumerate(steps):
+        if step.counted and step.segment in exact:
+            full.setdefault(exact[step.segment], i)
+    known: Dict[Any, int] = {}  # named signature of a watched step matched exactly -> its source
+    unmatched = 0
+    for step in steps[:-1]:  # the last one is still open: nothing ran in it
+        if step.counted:
+            continue
+        if step.segment in exact:
+            match = full.get(exact[step.segment])
+            if match is not None and step.segment in named:
+                known.setdefault(named[step.segment], match)
+        else:
+            match = known.get(named.get(step.segment)) if step.segment in named else None
+        if match is None:
+            unmatched += 1
+            continue
+        src = steps[match]
+        step.ops = src.ops
+        step.start_bytes, step.peak_bytes = src.start_bytes, src.peak_bytes
+        step.forward_peak_bytes = src.forward_peak_bytes
+        step.counted, step.repeat_of = True, match
+    return unmatched
 
 
 def _segments(results: Any, first: int, shapes: bool) -> Dict[int, List[Any]]:
@@ -816,6 +813,63 @@ def _op_info(func: Any) -> tuple:
     else:
         cut = ""
     return base, cls, free, base.endswith("_"), cut, nki.is_nki_op(func)
+
+
+def _operands(args: tuple, kwargs: Any, out: Any, inplace: bool) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The tensors an op call reads and those it writes."""
+    inputs = _flat_tensors(args)
+    if kwargs:
+        inputs += _flat_tensors(kwargs.values())
+    outputs = [out] if isinstance(out, torch.Tensor) else _flat_tensors(out) if isinstance(out, (tuple, list)) else []
+    if inplace and not outputs:
+        # In-place: the first argument (the first list, for _foreach_ ops) is what is written.
+        outputs = _flat_tensors(args[:1]) if args else inputs[:1]
+    return inputs, outputs
+
+
+def _op_record(func: Any, info: tuple, args: tuple, kwargs: Any, out: Any, inputs: List[torch.Tensor],
+               outputs: List[torch.Tensor], ident: Any) -> Tuple[OpRecord, List[torch.Tensor]]:
+    """The record of one op call, with the cut the op makes by itself, and the outputs that own new
+    storage. ``ident`` names a tensor's storage; the caller adds what depends on the counting (the
+    phase, a collective's group size when the call does not say it, a cut carried from before)."""
+    base, cls, _, inplace, cut, _ = info
+    in_sizes = [t.numel() * t.element_size() for t in inputs]
+    out_sizes = [t.numel() * t.element_size() for t in outputs]
+    flops = 0.0
+    if cls == MATMUL:
+        if func.overloadpacket in flop_registry:
+            flops = float(flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out))
+        else:
+            flops = _sdpa_cpu_flops(func, args)
+    elif cls in (ELEMENTWISE, TRANSCENDENTAL):
+        flops = float(sum(t.numel() for t in outputs)) if outputs else float(sum(t.numel() for t in inputs))
+    elif cls == REDUCTION:
+        flops = float(sum(t.numel() for t in inputs))
+    elif cls == SORT and inputs:
+        n = inputs[0].shape[-1] if inputs[0].dim() else 1
+        flops = float(inputs[0].numel()) * max(1.0, float(n).bit_length())
+    ids = {id(t) for t in inputs}
+    fresh = [t for t in outputs if id(t) not in ids]
+    bytes_written = sum(out_sizes) if inplace else sum(t.numel() * t.element_size() for t in fresh)
+    dtype = _DTYPE_NAMES[_dtype_of(inputs, outputs)]
+    record = OpRecord(_op_name(func), cls, flops,
+                      sum(in_sizes), bytes_written, dtype,
+                      inputs=tuple(zip(map(ident, inputs), in_sizes)),
+                      outputs=tuple(zip(map(ident, outputs), out_sizes)))
+    if cls == COLLECTIVE:
+        record.collective = _COLLECTIVE_NAMES.get(base, base)
+        record.group_size = _group_size(args)
+    if cut == CUT_RANDOM and (drop_at := _DROPOUT_ARG.get(func)) is not None:
+        # Attention with dropout_p == 0 draws nothing: fused eager records it like any op.
+        p_drop = args[drop_at] if len(args) > drop_at else (kwargs or {}).get("dropout_p", 0.0)
+        cut = CUT_RANDOM if p_drop else ""
+    elif cut == CUT_DATA_DEPENDENT and base in ("index", "_unsafe_index"):
+        # Integer indices have sizes known ahead; only a boolean mask's result depends on the data.
+        cut = CUT_DATA_DEPENDENT if any(t.dtype in (torch.bool, torch.uint8) for t in inputs[1:]) else ""
+    elif base in _HOST_COPIES and len({t.device.type for t in inputs + outputs}) > 1:
+        cut = CUT_HOST_COPY
+    record.cut = cut
+    return record, fresh
 
 
 def _flat_tensors(items: Any) -> List[torch.Tensor]:
