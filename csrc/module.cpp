@@ -320,6 +320,10 @@ PYBIND11_MODULE(_C, m) {
                 [ns] { std::this_thread::sleep_for(std::chrono::nanoseconds(std::max<int64_t>(ns, 0))); });
       },
       py::call_guard<py::gil_scoped_release>());
+  m.def("_annotate_launch", [](const std::string& key, std::string value) {
+    rt::activityAnnotate(key.c_str(), std::move(value));
+  }, "Adds key: value to the event of the device work running on this thread (inside _launch's body), "
+     "while torch.profiler records the device.");
   m.def("_default_generator", [](int i) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(defaultGenerator(static_cast<c10::DeviceIndex>(i))));

@@ -93,8 +93,37 @@ def test_the_rmsnorm_op_is_a_device_event_of_its_op(tmp_path):
     want.update("nki." + name for name in per_tile * tiles)
     got = Counter(k["name"] for k in kernels if k["name"].startswith("nki.") and inside(k, kernel))
     assert got == want
+    # The op's device time is its own work once: the kernel's instructions (and the device ops inside
+    # them) run inside the kernel's launch, so they are marked nested and linked to no op.
+    linked = [k for k in kernels if k["args"].get("External id") == kernel["args"]["External id"]]
+    assert kernel in linked and not any(k["args"].get("nested") for k in linked), linked
+    assert all(k["args"].get("nested") == 1 and "External id" not in k["args"]
+               for k in kernels if inside(k, kernel) and k is not kernel)
     rows_ = {e.key: e for e in prof.key_averages()}
-    assert rows_["nki_examples::rms_norm"].device_time_total > 0
+    assert rows_["nki_examples::rms_norm"].device_time_total == pytest.approx(sum(k["dur"] for k in linked), rel=0.01)
+
+
+def test_kernel_and_instruction_events_say_what_they_would_cost_on_silicon(tmp_path):
+    x, w = torch.randn(256, 512, device="neuron"), torch.randn(512, device="neuron")
+    with profile(activities=ACTIVITIES) as prof:
+        rmsnorm(x, w)
+    _, kernels = device_events(prof, tmp_path)
+    (kernel,) = [k for k in kernels if k["name"] == "nki:rmsnorm"]
+    estimate = rmsnorm.estimate(x, w)  # the kernel's target: trn2 unless overridden
+    assert kernel["args"]["bound engine"] == estimate.bound
+    assert kernel["args"]["estimate"] == f"{estimate.seconds * 1e6:.3f} us on {estimate.target} (projection, not a measurement)"
+    instructions = [k for k in kernels if k["name"].startswith("nki.") and inside(k, kernel)]
+    assert instructions and all({"estimate", "bound engine", "engines", "kernel line"} <= set(k["args"]) for k in instructions)
+    square = next(k for k in instructions if k["name"] == "nki.square")
+    assert "rmsnorm.py" in square["args"]["kernel line"] and square["args"]["bound engine"] in ("VectorE", "ScalarE")
+    # The instructions' busy time adds up to the kernel's, engine by engine.
+    total = {}
+    for k in instructions:
+        for part in k["args"]["engines"].split(", "):
+            engine, us, _ = part.split(" ")
+            total[engine] = total.get(engine, 0.0) + float(us)
+    for engine, seconds in estimate.engine_seconds.items():
+        assert total[engine] == pytest.approx(seconds * 1e6, abs=1e-3 * len(instructions)), engine
 
 
 def test_each_call_is_one_kernel_event_and_a_cpu_profile_runs_kernels_as_before(tmp_path):

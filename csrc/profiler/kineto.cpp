@@ -103,7 +103,9 @@ class Session : public libkineto::IActivityProfilerSession {
     for (const auto& r : records_) {
       const auto type = deviceType(r.kind);
       if (!types_.count(type)) continue;
-      const auto* op = linked && r.correlation != 0 ? linked(static_cast<int32_t>(r.correlation)) : nullptr;
+      // Work launched inside another launch's body is part of that one's time: only the outermost is
+      // the op's device time (key_averages() would count it twice), and it was no launch of the host's.
+      const auto* op = linked && r.correlation != 0 && !r.nested ? linked(static_cast<int32_t>(r.correlation)) : nullptr;
       const auto id = static_cast<int32_t>(r.sequence);
       // The work on the device's stream.
       auto work = std::make_unique<libkineto::GenericTraceActivity>(buffer_->span, type, r.name);
@@ -120,11 +122,13 @@ class Session : public libkineto::IActivityProfilerSession {
       work->addMetadata("stream", r.stream);
       work->addMetadata("correlation", r.sequence);
       if (r.bytes > 0) work->addMetadata("bytes", r.bytes);
+      if (r.nested) work->addMetadata("nested", 1);
+      for (const auto& [key, value] : r.args) work->addMetadataQuoted(key, value);
       lanes.emplace(r.device, r.stream);
       logger.handleActivity(*work);
       buffer_->activities.push_back(std::move(work));
       ++buffer_->gpuOpCount;
-      if (!runtime) continue;
+      if (!runtime || r.nested) continue;
       // Its launch on the host thread, until the work started (the host then waits in the op, as
       // for a synchronous launch: work the device did is not the launch's).
       auto launch = std::make_unique<libkineto::GenericTraceActivity>(buffer_->span, ActivityType::PRIVATEUSE1_RUNTIME,

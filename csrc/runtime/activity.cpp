@@ -3,6 +3,7 @@
 // Work runs on the launching thread, so the device's clock is the host's
 // (nanoseconds since the Unix epoch, the clock profilers put host events on).
 #include "neuron_runtime.h"
+#include "kernel_scope.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@ std::mutex records_mutex;
 std::vector<ActivityRecord> records;  // guarded by records_mutex
 std::atomic<uint64_t> launches{0};
 thread_local std::vector<uint64_t> external_correlation;
+thread_local ActivityRecord* running = nullptr;  // the record of the work this thread runs, while recording
 
 int32_t hostThread() {
   thread_local const auto id = static_cast<int32_t>(::syscall(SYS_gettid));
@@ -40,6 +42,12 @@ void activityStop() { activity_recording.store(false, std::memory_order_release)
 std::vector<ActivityRecord> activityDrain() {
   std::lock_guard<std::mutex> lock(records_mutex);
   return std::exchange(records, {});
+}
+
+ActivityRecord* activitySwapRunning(ActivityRecord* record) { return std::exchange(running, record); }
+
+void activityAnnotate(const char* key, std::string value) {
+  if (running != nullptr && key != nullptr) running->args.emplace_back(key, std::move(value));
 }
 
 void activityPushExternalCorrelation(uint64_t id) { external_correlation.push_back(id); }

@@ -10,4 +10,9 @@ namespace torchneuron::rt {
 // nor records (fused eager) the ops it is given there.
 bool insideKernel();
 
+struct ActivityRecord;
+// Makes `record` the one activityAnnotate adds to on this thread while its work runs; returns the
+// one before, to be put back after (activity.cpp).
+ActivityRecord* activitySwapRunning(ActivityRecord* record);
+
 }  // namespace torchneuron::rt

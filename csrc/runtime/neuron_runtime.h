@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torchneuron::rt {
@@ -192,12 +193,17 @@ struct ActivityRecord {
   uint64_t correlation;  // external correlation id, 0 when none
   uint64_t sequence;     // this runtime's own id of the launch, from 1
   int32_t host_thread;   // the launching thread's system id
+  bool nested = false;   // launched from inside another launch's body (its time is part of that one's)
+  std::vector<std::pair<std::string, std::string>> args;  // what the work said of itself (activityAnnotate)
 };
 extern std::atomic<bool> activity_recording;
 inline bool activityRecording() { return activity_recording.load(std::memory_order_relaxed); }
 void activityStart();                      // clears earlier records
 void activityStop();
 std::vector<ActivityRecord> activityDrain();  // the records so far, oldest first
+// Adds `key`: `value` to the record of the work this thread is running (the innermost launch whose body
+// runs here, or the stream worker's current work), shown with its event; nothing while not recording.
+void activityAnnotate(const char* key, std::string value);
 void activityPushExternalCorrelation(uint64_t id);  // per host thread
 void activityPopExternalCorrelation();
 // For work whose end the host learns later (a collective another thread

@@ -101,6 +101,7 @@ bool hasError(int device) {
 
 void runWork(Work& w, int device) {
   if (w.recorded) w.record.start_ns = activityClockNs();
+  ActivityRecord* outer = activitySwapRunning(w.recorded ? &w.record : nullptr);
   try {
     w.fn(w.arg);
   } catch (const std::exception& e) {
@@ -108,6 +109,7 @@ void runWork(Work& w, int device) {
   } catch (...) {
     noteError(device, std::string(w.name) + ": unknown exception");
   }
+  activitySwapRunning(outer);
   if (w.recorded) activityEnd(std::move(w.record));
   if (w.drop != nullptr) w.drop(w.arg);
 }
@@ -401,13 +403,17 @@ Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const Lau
   }
   // The stream is idle, so the work starts at once and ends when fn returns (or raises).
   ActivityRecord record = activityBegin(device, stream, info);
+  record.nested = t_kernel_depth > 1;
   record.start_ns = activityClockNs();
+  ActivityRecord* outer = activitySwapRunning(&record);
   try {
     fn(arg);
   } catch (...) {
+    activitySwapRunning(outer);
     activityEnd(std::move(record));
     throw;
   }
+  activitySwapRunning(outer);
   activityEnd(std::move(record));
   return Status::Success;
 }

@@ -262,6 +262,31 @@ void testActivityRecords() {
   }
   CHECK(rt::activityDrain().empty());
   CHECK_OK(rt::free(d));
+
+  // A launch from inside another's body is nested; annotations go to the innermost running work,
+  // also on a stream's worker, and to nothing outside a launch.
+  rt::activityStart();
+  rt::activityAnnotate("outside", "any launch");
+  auto inner = [](void*) { rt::activityAnnotate("engine", "VectorE"); };
+  auto outer = [](void* inner_fn) {
+    rt::activityAnnotate("kernel", "outer");
+    CHECK_OK(rt::launchKernel(0, 0, reinterpret_cast<rt::KernelFn>(inner_fn), nullptr,
+                              {rt::ActivityKind::Kernel, "inner"}));
+  };
+  CHECK_OK(rt::launchKernel(0, 0, outer, reinterpret_cast<void*>(+inner), {rt::ActivityKind::Kernel, "outer"}));
+  CHECK_OK(rt::enqueueKernel(0, 5, [](void*) { rt::activityAnnotate("on", "worker"); }, nullptr, nullptr,
+                             {rt::ActivityKind::Kernel, "queued"}));
+  CHECK_OK(rt::deviceSynchronize(0));
+  rt::activityStop();
+  records = rt::activityDrain();
+  CHECK(records.size() == 3);
+  using Args = std::vector<std::pair<std::string, std::string>>;
+  const Args outer_args{{"kernel", "outer"}}, inner_args{{"engine", "VectorE"}}, queued_args{{"on", "worker"}};
+  for (const auto& r : records) {
+    if (r.name == "outer") CHECK(!r.nested && r.args == outer_args);
+    else if (r.name == "inner") CHECK(r.nested && r.args == inner_args);
+    else CHECK(r.name == "queued" && !r.nested && r.args == queued_args);
+  }
 }
 
 // Runs `access` in a child process: whether it was stopped by SIGSEGV (strict mode's fault).

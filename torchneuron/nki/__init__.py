@@ -41,7 +41,7 @@ from torchneuron import _C
 from . import _hardware
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
-from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake
+from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake, annotate
 
 __all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
            "isa"]
@@ -205,6 +205,8 @@ class Kernel:
                     _RUN.reset(token)
                 instructions.extend(r.instructions)
                 peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
+            if profiled:
+                annotate(instructions, gen.name, line=False)
             return result
 
         if profiled:

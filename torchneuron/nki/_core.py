@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -119,6 +119,25 @@ def run() -> KernelRun:
     return r
 
 
+def annotate(instructions: Sequence[Instruction], target: str, line: bool = True) -> None:
+    """Says, on the profiler's event of the device work running now, what ``instructions`` would cost on
+    silicon: their engines' busy time on ``target`` and the busiest engine (and, for one instruction
+    called by the kernel, its line)."""
+    from torchneuron import _C
+
+    busy: Dict[str, float] = {}
+    for i in instructions:
+        busy[i.engine] = busy.get(i.engine, 0.0) + i.seconds
+    if not busy:
+        return
+    bound = max(busy, key=busy.get)
+    _C._annotate_launch("estimate", f"{busy[bound] * 1e6:.3f} us on {target} (projection, not a measurement)")
+    _C._annotate_launch("bound engine", bound)
+    _C._annotate_launch("engines", ", ".join(f"{k} {v * 1e6:.3f} us" for k, v in sorted(busy.items())))
+    if line and instructions[0].line:
+        _C._annotate_launch("kernel line", instructions[0].line)
+
+
 def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
     """``fn`` (an ``nl``/``nisa`` function) as an instruction: while torch.profiler records, the
     kernel's call of it runs as device work named ``nki.<name>`` on the kernel's stream, through the
@@ -133,9 +152,15 @@ def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
             return fn(*args, **kwargs)
         from torchneuron import _C
 
+        def body():
+            start = len(r.instructions)
+            result = fn(*args, **kwargs)
+            annotate(r.instructions[start:], r.gen.name)
+            return result
+
         r.in_instruction = True
         try:
-            return _C._launch(event, r.device.index, lambda: fn(*args, **kwargs))
+            return _C._launch(event, r.device.index, body)
         finally:
             r.in_instruction = False
 
