@@ -215,6 +215,16 @@ def test_whisper_style_model_counts_convolutions_and_cross_attention():
     assert "whisper-large-v3" in WHISPER_CONFIGS
 
 
+def test_a_sort_is_counted_as_n_log_n_comparisons():
+    x = torch.randn(8, 1000, device="neuron")
+    with counting.CountingMode() as c:
+        values, _ = torch.sort(x, dim=-1)
+        c.mark_step()
+    torch.testing.assert_close(values.cpu(), torch.sort(x.cpu(), dim=-1).values)
+    (op,) = [op for op in c.completed_steps()[0].ops if op.cls == counting.SORT]
+    assert op.flops == 8 * 1000 * (1000).bit_length()  # 10 comparison levels per element for rows of 1000
+
+
 def test_layer_extrapolation_equals_full_count():
     cfg = LlamaConfig(256, 4, 4, 2, 512, 1000)
     row = validation.Row("small", cfg, "trn1.32xlarge", 1, 4, 2, 2, 2, 64, 128, "seq_per_s", 1.0, "", "")

@@ -847,7 +847,7 @@ def _op_record(func: Any, info: tuple, args: tuple, kwargs: Any, out: Any, input
         flops = float(sum(t.numel() for t in inputs))
     elif cls == SORT and inputs:
         n = inputs[0].shape[-1] if inputs[0].dim() else 1
-        flops = float(inputs[0].numel()) * max(1.0, float(n).bit_length())
+        flops = float(inputs[0].numel()) * max(1.0, float(int(n).bit_length()))
     ids = {id(t) for t in inputs}
     fresh = [t for t in outputs if id(t) not in ids]
     bytes_written = sum(out_sizes) if inplace else sum(t.numel() * t.element_size() for t in fresh)
