@@ -15,7 +15,6 @@ import functools
 import math
 import os
 import sys
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -224,7 +223,12 @@ class Tile:
         # Whole-tile writes, the common case, never touch a mask.
         self.complete = False
         self.mask: Optional[torch.Tensor] = None
-        weakref.finalize(self, _release, r, buffer, per_partition, banks)
+        self._held = (r, buffer, per_partition, banks)  # given back to the kernel run when the tile dies
+
+    def __del__(self) -> None:
+        held = self.__dict__.get("_held")  # none when __init__ raised
+        if held is not None:
+            _release(*held)
 
     # A tile is its own whole view.
     @property
