@@ -32,9 +32,10 @@ namespace {
 // The device a CPU kernel on this thread computes results for (DeviceOutputScope), or -1.
 thread_local c10::DeviceIndex t_output_device = -1;
 
-// Device blocks handed to CPU kernels, by address.
-std::mutex g_blocks_mutex;
-std::unordered_map<void*, c10::DataPtr> g_blocks;
+// Device blocks handed to CPU kernels, by address. Never destroyed: a storage freed during the
+// process's exit still finds its block, and no block is given back to the allocator then.
+std::mutex& g_blocks_mutex = *new std::mutex();
+std::unordered_map<void*, c10::DataPtr>& g_blocks = *new std::unordered_map<void*, c10::DataPtr>();
 c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 
 // The deleter of CPU allocations: a device block goes back to the caching allocator, anything
