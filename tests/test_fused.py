@@ -145,6 +145,18 @@ def test_deterministic_algorithms_record_nothing():
     torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
 
 
+def test_the_policy_is_set_by_name_and_a_bad_change_changes_nothing():
+    before = _C._fused_config()
+    assert {"compile_after", "payoff", "min_ops", "max_ops", "cold_seconds", "gain", "timed_runs"} <= set(before)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'min_op'"):
+        _C._fused_config(max_ops=99, min_op=3)
+    with pytest.raises(ValueError, match="min_ops must be positive"):
+        _C._fused_config(max_ops=99, min_ops=-1)
+    assert _C._fused_config() == before  # max_ops, given beside the bad one, was not set either
+    assert _C._fused_config(max_ops=99)["max_ops"] == before["max_ops"]  # the figures as they were
+    assert _C._fused_config(**before)["max_ops"] == 99
+
+
 def test_a_size_bound_cuts_long_groups():
     _C._fused_config(max_ops=10)
     x = torch.zeros(4, device="neuron")

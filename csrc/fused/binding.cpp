@@ -239,25 +239,25 @@ py::dict configure(const py::kwargs& changes) {
   py::dict before;
   for (const auto& [name, field] : configFields())
     std::visit([&, name = name](auto member) { before[name] = config.*member; }, field);
+  FusedConfig updated = config;  // every change checked before any is made
   for (const auto& [key, value] : changes) {
     const auto name = py::cast<std::string>(key);
     const auto it = std::find_if(configFields().begin(), configFields().end(),
                                  [&](const auto& f) { return name == f.first; });
-    if (it == configFields().end()) {
-      throw py::type_error("_fused_config() got an unexpected keyword argument '" + name + "'");
-    }
+    TORCH_CHECK_TYPE(it != configFields().end(), "_fused_config() got an unexpected keyword argument '", name, "'");
     std::visit([&](auto member) {
       using T = std::remove_reference_t<decltype(config.*member)>;
       const T v = py::cast<T>(value);
       if constexpr (std::is_same_v<T, int64_t>) {  // counts: bypass_ops and skip_ahead may be 0 (none)
-        if (v < 0 || (v == 0 && name != "bypass_ops" && name != "skip_ahead"))
-          throw py::value_error("_fused_config: " + name + " must be positive, got " + std::to_string(v));
+        TORCH_CHECK_VALUE(v > 0 || (v == 0 && (name == "bypass_ops" || name == "skip_ahead")),
+                          "_fused_config: ", name, " must be positive, got ", v);
       } else if constexpr (std::is_same_v<T, double>) {
-        if (!(v >= 0)) throw py::value_error("_fused_config: " + name + " must be 0 or more, got " + std::to_string(v));
+        TORCH_CHECK_VALUE(v >= 0, "_fused_config: ", name, " must be 0 or more, got ", v);
       }
-      config.*member = v;
+      updated.*member = v;
     }, it->second);
   }
+  config = updated;
   return before;
 }
 
