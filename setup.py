@@ -22,8 +22,14 @@ SOURCES = sorted(
     os.path.relpath(p, ROOT)
     for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
 )
+# TORCHNEURON_DEBUG=1: a debug build (-O0 -g, NDEBUG undefined so PyTorch's and the runtime's
+# assertions are compiled in: csrc/runtime/checks.h), its objects kept apart from the release build's.
+DEBUG = os.environ.get("TORCHNEURON_DEBUG", "0") == "1"
 BUILD_TEMP = os.path.join(
-    ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+    ROOT, "build", f"temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}" + ("-debug" if DEBUG else "")
+)
+COMPILE_ARGS = ["-std=c++20", "-fvisibility=hidden", "-Wno-unused-parameter"] + (
+    ["-O0", "-g", "-UNDEBUG", "-DTORCHNEURON_DEBUG=1"] if DEBUG else ["-O2"]
 )
 
 # setuptools' notice on every editable install, that folders of the working directory named
@@ -63,7 +69,7 @@ setup(
             SOURCES,
             # Kineto's headers (the profiler's PrivateUse1 extension point) include each other by bare name.
             include_dirs=[os.path.join(p, "kineto") for p in include_paths()],
-            extra_compile_args={"cxx": ["-O2", "-std=c++20", "-fvisibility=hidden", "-Wno-unused-parameter"]},
+            extra_compile_args={"cxx": COMPILE_ARGS},
         )
     ],
     cmdclass={"build_ext": build_ext},

@@ -280,6 +280,19 @@ PyMethodDef kLaunch = {"_launch", reinterpret_cast<PyCFunction>(reinterpret_cast
 
 void bindFused(py::module& m);  // fused/binding.cpp
 
+// The runtime _C runs on must implement the interface _C was built against: the same major
+// version, at least the same minor one (neuron_runtime.h).
+void checkRuntimeVersion() {
+  const int built = rt::kApiVersionMajor * 1000 + rt::kApiVersionMinor;
+  const int found = rt::apiVersion();
+  if (found / 1000 != built / 1000 || found % 1000 < built % 1000) {
+    throw std::runtime_error("torchneuron: the neuron runtime implements interface version " +
+                             std::to_string(found / 1000) + "." + std::to_string(found % 1000) +
+                             ", but this torchneuron was built for " + std::to_string(built / 1000) + "." +
+                             std::to_string(built % 1000) + "; install a runtime of the same major version");
+  }
+}
+
 }  // namespace torchneuron
 
 PYBIND11_MODULE(_C, m) {
@@ -289,10 +302,12 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr e) {
     if (e) torch::translate_exception_to_python(e);
   });
+  checkRuntimeVersion();
   bindFused(m);
   registerFastOps();
   preferCpuKernels();
   preferSparseCpuKernels();
+  m.def("_runtime_api_version", [] { return py::make_tuple(rt::apiVersion() / 1000, rt::apiVersion() % 1000); });
   m.def("_device_count", [] { return int(deviceCount()); });
   m.def("_current_device", [] { return int(currentDevice()); });
   m.def("_set_device", [](int i) { setDevice(static_cast<c10::DeviceIndex>(i)); });

@@ -16,7 +16,7 @@ VPY=.venv/bin/python
 # torch (with numpy) must be importable while the C++ core builds, hence no build isolation
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
 # and test tools.
-PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja pytest hypothesis expecttest
+PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja build pytest hypothesis expecttest
           "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6" "peft==0.21.2" "diffusers==0.42.1"
           numba tiktoken more-itertools
           "datasets>=3.6,<4.8" "spmd_types==0.2.3" tyro einops torchdata torch_checkpointing tensorboard
@@ -40,7 +40,8 @@ build_stamp=.venv/.torchneuron-build
 inputs_hash() {
     {
         find csrc -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
-        sha256sum setup.py pyproject.toml
+        sha256sum setup.py pyproject.toml MANIFEST.in torchneuron/version.py  # the version is the metadata's
+        echo "debug build: ${TORCHNEURON_DEBUG:-0}"
         "$VPY" -c "import importlib.metadata as m, sys; print(m.version('torch'), sys.version)"
         # The built library itself, so that a build by other means is not taken for ours.
         stat -c '%n %s %Y' torchneuron/_C*.so 2>/dev/null || echo "no _C"

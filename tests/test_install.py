@@ -92,6 +92,32 @@ print(*dist.ext_modules[0].sources)
     assert sources.split() == expected
 
 
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_debug_build_configuration(debug):
+    # TORCHNEURON_DEBUG=1: -O0 -g with NDEBUG undefined and the runtime's assertions defined, in a build
+    # directory of its own; the release build keeps -O2 and no assertions.
+    script = """
+from distutils.core import run_setup
+dist = run_setup("setup.py", script_args=["build_ext"], stop_after="commandline")
+cmd = dist.get_command_obj("build_ext")
+cmd.ensure_finalized()
+print(cmd.build_temp)
+print(*dist.ext_modules[0].extra_compile_args["cxx"])
+"""
+    env = {**os.environ, "TORCHNEURON_DEBUG": debug}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    build_temp, args = out.stdout.strip().splitlines()[-2:]
+    args = args.split()
+    if debug == "1":
+        assert build_temp.endswith("-debug")
+        assert {"-O0", "-g", "-UNDEBUG", "-DTORCHNEURON_DEBUG=1"} <= set(args) and "-O2" not in args
+    else:
+        assert not build_temp.endswith("-debug")
+        assert "-O2" in args and not any(a.startswith(("-O0", "-UNDEBUG", "-DTORCHNEURON_DEBUG")) for a in args)
+
+
 def test_bootstrap_rerun_is_quick():
     if pathlib.Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
         pytest.skip("runs in the checkout's .venv only")

@@ -38,7 +38,7 @@ if _C._strict_mode():
         faulthandler.enable()
     _C._install_strict_fault_handler()
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 __all__ = ["neuron", "__version__"]
 
 

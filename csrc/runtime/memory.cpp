@@ -1,6 +1,7 @@
 // Emulated NeuronCore: device memory with a capacity, copies, pinned host memory.
 #include "neuron_runtime.h"
 #include "protection.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -86,7 +87,10 @@ Status reserve(int device, size_t nbytes) {
 }
 
 void release(int device, size_t nbytes) {
-  if (validDevice(device)) devices()[device].used.fetch_sub(nbytes, std::memory_order_relaxed);
+  if (!validDevice(device)) return;
+  const size_t before = devices()[device].used.fetch_sub(nbytes, std::memory_order_relaxed);
+  TORCHNEURON_RT_ASSERT(before >= nbytes, "a device released more bytes than it had reserved");
+  (void)before;
 }
 
 Status malloc(int device, void** ptr, size_t nbytes) {

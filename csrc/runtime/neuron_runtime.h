@@ -37,6 +37,15 @@ enum class Status {
 
 const char* statusString(Status s);
 
+// ---- version -------------------------------------------------------------
+// The interface's version. A change that breaks callers raises the major number; a function added
+// raises the minor one. _C checks at load that the runtime it runs on has its major number and at
+// least its minor one (module.cpp), so a driver built against another interface is refused by name.
+constexpr int kApiVersionMajor = 1;
+constexpr int kApiVersionMinor = 0;
+// The version the runtime was built with: major * 1000 + minor.
+int apiVersion();
+
 // ---- devices -------------------------------------------------------------
 struct DeviceProperties {
   char name[64];

@@ -11,6 +11,7 @@
 // recorded on a stream is a marker in that queue, done when the stream's
 // completed count reaches it. Streams live as long as the process.
 #include "neuron_runtime.h"
+#include "checks.h"
 #include "kernel_scope.h"
 
 #include <pthread.h>
@@ -382,7 +383,10 @@ namespace {
 thread_local int t_kernel_depth = 0;  // launchKernel bodies running on this thread
 struct KernelDepth {
   KernelDepth() { ++t_kernel_depth; }
-  ~KernelDepth() { --t_kernel_depth; }
+  ~KernelDepth() {
+    TORCHNEURON_RT_ASSERT(t_kernel_depth > 0, "a kernel body ended that never began");
+    --t_kernel_depth;
+  }
 };
 }  // namespace
 
