@@ -1,9 +1,6 @@
 """NKI-style kernels on the emulated NeuronCore (torchneuron.nki): AWS's tutorial kernels against
 PyTorch, the chip's limits with the kernel's line in the error, cost estimates, custom ops."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,13 +10,12 @@ import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import nki_op
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "kernels"))
-from attention import attention_fwd  # noqa: E402  (examples/kernels: AWS's tutorial kernels)
-from layernorm import layernorm  # noqa: E402
-from matmul import matmul_basic, matmul_hoisted, matmul_tiled  # noqa: E402
-from rmsnorm import rmsnorm  # noqa: E402
-from softmax import softmax  # noqa: E402
-from tensor_add import tensor_add, tensor_add_grid  # noqa: E402
+from attention import attention_fwd  # examples/kernels (pytest pythonpath): AWS's tutorial kernels
+from layernorm import layernorm
+from matmul import matmul_basic, matmul_hoisted, matmul_tiled
+from rmsnorm import rmsnorm
+from softmax import softmax
+from tensor_add import tensor_add, tensor_add_grid
 
 
 def _close(got, want, **tol):

@@ -17,10 +17,9 @@ import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 
 KERNELS = Path(__file__).resolve().parent.parent / "examples" / "kernels"
-sys.path.insert(0, str(KERNELS))
-import nki_ops  # noqa: E402
-import train_gpt  # noqa: E402
-from attention import attention_fwd  # noqa: E402
+import nki_ops
+import train_gpt
+from attention import attention_fwd
 
 
 def _close(got, want, **tol):

@@ -4,9 +4,7 @@ kernels' own estimate on Trainium (the roofline on GPUs), in a real run and in f
 
 import json
 import math
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +18,8 @@ import torchneuron.nki.language as nl
 from torchneuron import projection
 from torchneuron.projection.model import get_target
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "kernels"))
-import nki_ops  # noqa: E402
-from rmsnorm import rmsnorm  # noqa: E402
+import nki_ops
+from rmsnorm import rmsnorm
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 RMS_OP = "nki_examples.rms_norm.default"

@@ -105,12 +105,17 @@ def _note(api: str) -> None:
         recorder(api)
 
 
+def _module_of_frame(depth: int) -> str:
+    """The module name of the frame ``depth`` levels above the caller of the function that asks ("" above the top)."""
+    try:
+        return sys._getframe(depth + 2).f_globals.get("__name__") or ""
+    except ValueError:
+        return ""
+
+
 def _called_from_torch(depth: int) -> bool:
     """Whether the frame ``depth`` levels above the caller belongs to PyTorch or torchneuron."""
-    try:
-        name = sys._getframe(depth + 1).f_globals.get("__name__") or ""
-    except ValueError:
-        return False
+    name = _module_of_frame(depth)
     return name in _INTERNAL_NAMES or name.startswith(_INTERNAL_PREFIXES)
 
 
@@ -568,11 +573,7 @@ def _routed(name: str, orig: Callable) -> Callable:
 
 def _called_from_dynamo_folding(depth: int) -> bool:
     """Whether the caller is Dynamo evaluating, on behalf of traced code, a function it takes for PyTorch's."""
-    try:
-        name = sys._getframe(depth + 1).f_globals.get("__name__") or ""
-    except ValueError:
-        return False
-    return name.startswith("torch._dynamo.variables")
+    return _module_of_frame(depth).startswith("torch._dynamo.variables")
 
 
 def _index(device: Any) -> Any:
