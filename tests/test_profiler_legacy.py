@@ -179,3 +179,13 @@ def test_overhead_is_that_of_torch_profiler():
         assert med["legacy"] <= 20 * med["plain"], med
     finally:
         torch.set_num_threads(threads)
+
+
+def test_use_kineto_is_the_device_timeline():
+    """use_kineto=True with use_device="neuron" is torch.profiler's PrivateUse1 activity (kineto.cpp)."""
+    a = torch.randn(128, 128, device="neuron")
+    with legacy_profile(use_device="neuron", use_kineto=True) as prof:
+        torch.mm(a, a)
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["mm"].device_time_total > 0  # the kernel's own row, as on CUDA
+    assert rows["aten::mm"].device_time_total == pytest.approx(rows["mm"].device_time_total)
