@@ -189,3 +189,21 @@ def test_use_kineto_is_the_device_timeline():
     rows = {e.key: e for e in prof.key_averages()}
     assert rows["mm"].device_time_total > 0  # the kernel's own row, as on CUDA
     assert rows["aten::mm"].device_time_total == pytest.approx(rows["mm"].device_time_total)
+
+
+def test_a_range_that_switches_stream_counts_only_its_childrens_device_time():
+    """A range whose end is recorded on another stream bounds no interval of one stream's work."""
+    a = torch.randn(256, 256, device="neuron")
+    side = torch.neuron.Stream()
+    with legacy_profile(use_device="neuron") as prof:
+        with torch.autograd.profiler.record_function("switch"):
+            b = a @ a
+            torch.neuron.set_stream(side)
+    torch.neuron.set_stream(torch.neuron.default_stream(0))
+    torch.testing.assert_close(b.cpu(), a.cpu() @ a.cpu())
+    events = prof.function_events
+    switch = next(e for e in events if e.name == "switch")
+    matmul = next(e for e in events if e.name == "aten::matmul")
+    assert matmul.device_time_total > 0
+    assert switch.device_time_total == matmul.device_time_total and switch.self_device_time_total == 0
+    assert all(e.self_device_time_total >= 0 and e.self_cpu_time_total >= 0 for e in events)

@@ -32,38 +32,54 @@ namespace {
 
 using torch::profiler::impl::ProfilerVoidEventStub;
 
-rt::Event eventOf(const ProfilerVoidEventStub* stub) {
+// What the profiler keeps of an op's start or end: the runtime's event and where it was recorded.
+struct Marker {
+  rt::Event event = nullptr;
+  c10::DeviceIndex device = 0;
+  rt::Stream stream = 0;
+  ~Marker() {
+    if (event != nullptr) rt::eventDestroy(event);
+  }
+};
+
+const Marker& markerOf(const ProfilerVoidEventStub* stub) {
   TORCH_CHECK(stub != nullptr && *stub != nullptr, "neuron profiler: an op's event was not recorded");
-  return static_cast<rt::Event>(stub->get());
+  return *static_cast<const Marker*>(stub->get());
 }
 
 struct NeuronProfilerStubs final : torch::profiler::impl::ProfilerStubs {
   // An event on the current device's current stream: it happens when the stream reaches it, after
   // the work launched before it (on the emulator's synchronous streams, at once).
   void record(c10::DeviceIndex* device, ProfilerVoidEventStub* event, int64_t* cpu_ns) const override {
-    const c10::DeviceIndex index = currentDevice();
-    if (device != nullptr) *device = index;
-    rt::Event ev = nullptr;
-    TORCH_CHECK(rt::eventCreate(&ev, /*enable_timing=*/true) == rt::Status::Success && ev != nullptr,
+    auto marker = std::make_shared<Marker>();
+    marker->device = currentDevice();
+    marker->stream = currentStream(marker->device).id();
+    if (device != nullptr) *device = marker->device;
+    TORCH_CHECK(rt::eventCreate(&marker->event, /*enable_timing=*/true) == rt::Status::Success &&
+                    marker->event != nullptr,
                 "neuron profiler: could not create an event");
-    *event = std::shared_ptr<void>(ev, [](void* p) { rt::eventDestroy(static_cast<rt::Event>(p)); });
     if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
     // Straight to the runtime: work fused eager holds back stays held (an event the user records
     // hands it over; the profiler must not change how the program runs). Held work's device time
     // then belongs to the op that hands it over, as in torch.profiler's device timeline.
-    checkRuntime(rt::eventRecord(ev, index, currentStream(index).id()), index, "profiler event record");
+    checkRuntime(rt::eventRecord(marker->event, marker->device, marker->stream), marker->device,
+                 "profiler event record");
+    *event = std::move(marker);
   }
 
-  // Microseconds between two events (PyTorch divides nothing: privateuse1ElapsedUs takes this as
-  // microseconds, as it does CUDA's).
+  // Microseconds between two events (privateuse1ElapsedUs takes this as microseconds, as it does
+  // CUDA's). Two events of different streams (a range that switched the current device or stream
+  // before it ended) bound no interval of one stream's work: no time (PyTorch then counts no
+  // device time of the range's own, only its children's).
   float elapsed(const ProfilerVoidEventStub* event, const ProfilerVoidEventStub* event2) const override {
-    rt::Event start = eventOf(event);
-    rt::Event end = eventOf(event2);
-    for (rt::Event ev : {start, end})
-      if (rt::eventQuery(ev) != rt::Status::Success)
-        checkRuntime(rt::eventSynchronize(ev), static_cast<c10::DeviceIndex>(rt::eventDevice(ev)), "profiler event");
+    const Marker& start = markerOf(event);
+    const Marker& end = markerOf(event2);
+    if (start.device != end.device || start.stream != end.stream) return 0.0f;
+    for (const Marker* m : {&start, &end})
+      if (rt::eventQuery(m->event) != rt::Status::Success)
+        checkRuntime(rt::eventSynchronize(m->event), m->device, "profiler event");
     float ms = 0;
-    const rt::Status status = rt::eventElapsedTime(&ms, start, end);
+    const rt::Status status = rt::eventElapsedTime(&ms, start.event, end.event);
     TORCH_CHECK(status == rt::Status::Success, "neuron profiler: no time between an op's events: ",
                 rt::statusString(status));
     return ms * 1000.0f;
