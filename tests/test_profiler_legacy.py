@@ -207,3 +207,56 @@ def test_a_range_that_switches_stream_counts_only_its_childrens_device_time():
     assert matmul.device_time_total > 0
     assert switch.device_time_total == matmul.device_time_total and switch.self_device_time_total == 0
     assert all(e.self_device_time_total >= 0 and e.self_cpu_time_total >= 0 for e in events)
+
+
+def test_training_step_on_side_streams_with_ranges(capfd):
+    """The scenarios PyTorch's reference backend tests: a training step in named ranges, ops on side
+    streams, many small ranges; every event's times non-negative and no output per op."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.ReLU(), torch.nn.Linear(20, 10)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 10, device="neuron")
+    target = torch.randn(32, 10, device="neuron")
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    capfd.readouterr()
+    with legacy_profile(use_device="neuron", record_shapes=True) as prof:
+        with torch.autograd.profiler.record_function("forward"):
+            loss = torch.nn.functional.mse_loss(model(x), target)
+        with torch.autograd.profiler.record_function("backward"):
+            loss.backward()
+        with torch.autograd.profiler.record_function("optimizer_step"):
+            opt.step()
+            opt.zero_grad()
+        with torch.neuron.stream(s1):
+            a = x * 2
+        with torch.neuron.stream(s2):
+            b = x + 1
+        torch.neuron.synchronize()
+        for i in range(50):
+            with torch.autograd.profiler.record_function(f"op_{i}"):
+                b = b + 1
+    err = capfd.readouterr().err
+    assert "RecordFunction callback" not in err and "frame #" not in err, err[-2000:]
+    torch.testing.assert_close(a.cpu(), x.cpu() * 2)
+    torch.testing.assert_close(b.cpu(), x.cpu() + 51)
+    events = prof.function_events
+    names = {e.name for e in events}
+    assert {"forward", "backward", "optimizer_step", "op_0", "op_49"} <= names
+    for e in events:
+        assert e.cpu_time_total >= 0 and e.self_cpu_time_total >= 0, e
+        assert e.device_time_total >= 0 and e.self_device_time_total >= 0, e
+    timed = {e.key for e in prof.key_averages(group_by_input_shape=True) if e.device_time_total > 0}
+    assert "forward" in timed and "aten::addmm" in timed and "aten::mul" in timed
+
+
+def test_an_exception_inside_the_profile_and_an_empty_profile():
+    with pytest.raises(RuntimeError, match="raised inside"):
+        with legacy_profile(use_device="neuron") as prof:
+            torch.randn(10, 10, device="neuron").exp()
+            raise RuntimeError("raised inside")
+    assert any(e.name == "aten::exp" and e.device_time_total >= 0 for e in prof.function_events)
+    with legacy_profile(use_device="neuron") as empty:
+        pass
+    # Nothing ran: no op's events to time (PyTorch still reads the profile back without an error).
+    assert not [e for e in empty.function_events if e.name.startswith("aten::")]
+    assert empty.key_averages().table() == ""
