@@ -176,7 +176,9 @@ def test_overhead_is_that_of_torch_profiler():
                 times[kind].append(timed(kind))
         med = {k: statistics.median(v) for k, v in times.items()}
         assert med["legacy"] <= 2.0 * med["kineto"], med
-        assert med["legacy"] <= 20 * med["plain"], med
+        # Far from the thousands of times the plain loop's time it took before (fused eager runs the
+        # plain loop as compiled groups, and either profiler then costs some ten times its time).
+        assert med["legacy"] <= 100 * med["plain"], med
     finally:
         torch.set_num_threads(threads)
 
