@@ -13,7 +13,7 @@
 // Without a registration PyTorch's default stubs raise from every record: the
 // observer's start callback fails after the op's event was begun, its end
 // callback then finds no context (an internal assertion with a backtrace, per
-// op, logged by RecordFunction), the op's event keeps no start time (negative
+// op, logged by RecordFunction), the op's event keeps neither start nor end time (negative
 // CPU times) and each op pays for two exceptions with symbolized backtraces.
 #include "../aten/device.h"
 #include "../aten/held_work.h"
