@@ -82,7 +82,7 @@ NOT_IN_CUDA = {
     "PythonWrapperCodegen": (True, "Inductor's wrapper code generator for a PrivateUse1 device"),
     "CppWrapperCodegen": (False, "with all three of Scheduling, PythonWrapperCodegen and CppWrapperCodegen "
                                  "Inductor registers the device itself, replacing torchneuron's registration "
-                                 "and its custom pass and config (torchneuron/compile/inductor.py registers it)"),
+                                 "and its custom pass and config (torchneuron/compile/registration.py registers it)"),
     "WrapperFxCodegen": (False, "only passed along with CppWrapperCodegen (above)"),
     "set_rng_ctx": (False, "hpu's: DTensor selects hpu's philox generator with it"),
     "unset_rng_ctx": (False, "hpu's: pairs with set_rng_ctx"),

@@ -9,7 +9,7 @@ import sys
 
 from torch.utils._config_module import install_config_module
 
-# Hash of the source of torchneuron/compile/inductor.py (set when it registers).
+# Hash of the sources of the code generators (inductor.py, aoti.py, flex_attention.py; set by registration.py).
 codegen_version: str = ""
 
 # The vector instruction set Inductor's C++ kernels are generated for (set when it registers).

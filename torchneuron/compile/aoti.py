@@ -42,6 +42,7 @@ from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 from torch._inductor.virtualized import V
 
 from .._patch import Patch, PatchSet, Replacement
+from . import inductor
 
 __all__ = ["NeuronCppWrapper", "BUILD_PATCHES", "PATCHES"]
 
@@ -97,18 +98,15 @@ class NeuronCppWrapper(CppWrapperCpu):
 
     Created before a neuron graph is scheduled and generated last, like the
     Python wrapper, it also scopes the neuron graph's Inductor settings
-    (:data:`torchneuron.compile.inductor.GRAPH_PATCHES`) to that graph.
+    (:data:`torchneuron.compile.inductor.GRAPH_PATCHES`, through ``begin_graph``/``end_graph``) to that graph.
     """
 
     def __init__(self) -> None:
-        from . import inductor
-
         self.device = DEVICE
         super().__init__()
         self.needs_vec_isa = True  # neuron kernels are vectorized host code, as the CPU's
         self._host_constants = False  # while the model's constants are described (loaded on the host)
-        inductor.GRAPH_PATCHES.reset()  # a graph that failed half-way outside any compile scope
-        inductor.GRAPH_PATCHES.apply()
+        inductor.begin_graph()
         if V.graph.aot_mode and not V.graph.is_const_graph:
             BUILD_PATCHES.reset()
             BUILD_PATCHES.apply()
@@ -119,16 +117,13 @@ class NeuronCppWrapper(CppWrapperCpu):
         return NeuronCppWrapper()
 
     def generate(self, is_inference):  # noqa: D102
-        from . import inductor
-
         try:
             return super().generate(is_inference)
         except BaseException:
             BUILD_PATCHES.reset()
             raise
         finally:
-            inductor.GRAPH_PATCHES.reset()
-            inductor._close_opened_scope()
+            inductor.end_graph()
 
     # ---- the device ---------------------------------------------------------------------------
 

@@ -77,9 +77,9 @@ def neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str
         options: extra Inductor options, as for the default backend.
     """
     _cache.apply()
-    from . import inductor  # registers Inductor for the device
+    from . import inductor, registration  # registration: Inductor's, for the device
 
-    inductor.register()
+    registration.register()
     diagnostics.install()
     from torch._inductor.compile_fx import compile_fx
 

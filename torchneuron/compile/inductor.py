@@ -14,12 +14,12 @@ Importing it registers, once:
 
 Nothing imports it at ``import torch``: Inductor looks up ``Scheduling``,
 ``PythonWrapperCodegen`` and ``CppWrapperCodegen`` on the device module
-(``torch.neuron``) the first time it compiles. The first two load this
-module, which registers everything, the C++ wrapper of AOTInductor and
-``cpp_wrapper=True`` included (:mod:`torchneuron.compile.aoti`);
-``torch.neuron`` has no ``CppWrapperCodegen``, so Inductor keeps this
-module's registration, including the per-device config that versions the
-cache keys.
+(``torch.neuron``) the first time it compiles. The first two load
+:mod:`torchneuron.compile.registration`, which registers everything, this module's
+code generators and the C++ wrapper of AOTInductor and ``cpp_wrapper=True``
+(:mod:`torchneuron.compile.aoti`); ``torch.neuron`` has no ``CppWrapperCodegen``,
+so Inductor keeps that registration, including the per-device config that
+versions the cache keys.
 
 Inductor decides a few things by asking whether a device is named ``"cpu"``.
 For the neuron device it would take GPU paths that assume Triton, or that
@@ -44,8 +44,6 @@ neuron ``flex_attention`` is lowered with the CPU's C++ template
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import unittest.mock
 from typing import Any
 
@@ -61,13 +59,11 @@ from torch._inductor.codegen import cpp as _cpp
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.cpp_flex_attention_template import CppFlexAttentionTemplate
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen as _PythonWrapperCodegen
-from torch._inductor.codegen.wrapper_fxir import WrapperFxCodegen
-from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 
 from .. import _patch
 from .._patch import Patch, PatchSet
-from . import _cache, _codegen_config, diagnostics, flex_attention
+from . import _codegen_config, flex_attention
 from .passes import ChannelsLastConvolutions
 
 __all__ = ["Scheduling", "PythonWrapperCodegen", "CONFIG", "PATCHES", "neuron_compile", "register"]
@@ -265,15 +261,13 @@ class NeuronPythonWrapperCodegen(_PythonWrapperCodegen):
 
     def __init__(self) -> None:
         super().__init__()
-        GRAPH_PATCHES.reset()  # a graph that failed half-way outside any compile scope
-        GRAPH_PATCHES.apply()
+        begin_graph()
 
     def generate(self, is_inference):  # noqa: D102
         try:
             return super().generate(is_inference)
         finally:
-            GRAPH_PATCHES.reset()
-            _close_opened_scope()
+            end_graph()
 
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):  # noqa: D102
@@ -501,7 +495,15 @@ def _open_scope() -> None:
         _opened = True
 
 
-def _close_opened_scope(*_: Any) -> None:
+def begin_graph() -> None:
+    """A neuron graph's wrapper (Python or C++) was created: its settings (GRAPH_PATCHES) apply until end_graph()."""
+    GRAPH_PATCHES.reset()  # a graph that failed half-way outside any compile scope
+    GRAPH_PATCHES.apply()
+
+
+def end_graph(*_: Any) -> None:
+    """A neuron graph's code is generated, or a compile ended (also a failed one): its settings end, and so
+    does the compile scope its device pass opened (not one neuron_compile() holds)."""
     global _opened
     GRAPH_PATCHES.reset()
     CODEGEN_PATCHES.reset()
@@ -510,7 +512,7 @@ def _close_opened_scope(*_: Any) -> None:
         COMPILE_PATCHES.undo()
 
 
-class _NeuronGraphPass(ChannelsLastConvolutions):
+class NeuronGraphPass(ChannelsLastConvolutions):
     """The neuron graph pass Inductor runs after AOTAutograd, before lowering: it begins the compile scope."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
@@ -520,42 +522,3 @@ class _NeuronGraphPass(ChannelsLastConvolutions):
 
 # The names Inductor's init_backend_registration looks up on torch.neuron.
 PythonWrapperCodegen = NeuronPythonWrapperCodegen
-
-@functools.cache
-def register() -> None:
-    """Register Inductor's code generators, device calls and Dynamo's interface for the neuron device (once).
-
-    Registration uses PyTorch's own registries and changes nothing for other
-    devices; the changes to Inductor's functions (:data:`PATCHES`) apply only
-    inside :func:`neuron_compile`.
-    """
-    _cache.apply()
-    diagnostics.install()
-    # PyTorch's own devices first, whichever compile comes first: the order of the registered device
-    # passes is part of every graph's FX cache key, a CPU graph's included.
-    _common.init_backend_registration()
-    from . import aoti
-
-    digest = hashlib.sha256()
-    # the code generators (Python and C++ wrappers) and the FlexAttention lowering
-    for path in (__file__, aoti.__file__, flex_attention.__file__):
-        with open(path, "rb") as source:
-            digest.update(source.read())
-    _codegen_config.codegen_version = digest.hexdigest()[:16]
-    _codegen_config.vec_isa = str(pick_vec_isa())
-    _di.register_interface_for_device(DEVICE, NeuronInterface)
-    for i in range(torch.neuron.device_count()):
-        _di.register_interface_for_device(f"{DEVICE}:{i}", NeuronInterface)
-    _common.register_device_op_overrides(DEVICE, NeuronDeviceOpOverrides())
-    # Every compile's end (Dynamo's frames and AOTAutograd's lazy backward graphs, also failed ones)
-    # ends a scope a neuron graph opened.
-    from torch._dynamo.callback import callback_handler
-
-    callback_handler.register_end_callback(_close_opened_scope)
-    if _common.get_scheduling_for_device(DEVICE) is None:
-        _common.register_backend_for_device(DEVICE, Scheduling, NeuronPythonWrapperCodegen, aoti.NeuronCppWrapper,
-                                            WrapperFxCodegen, device_custom_pass=_NeuronGraphPass(),
-                                            device_custom_config=_codegen_config)
-
-
-register()

@@ -245,7 +245,7 @@ def __getattr__(name: str) -> Any:
     # Inductor looks these up on torch.neuron at its first compile; loading them then keeps Inductor out of `import torch`.
     # CppWrapperCodegen stays absent: given it too, Inductor would register neuron over torchneuron's own registration.
     if name in ("Scheduling", "PythonWrapperCodegen"):
-        from ..compile import inductor
+        from ..compile import inductor, registration  # noqa: F401  (registration: Inductor's, for the device)
         return getattr(inductor, name)
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
