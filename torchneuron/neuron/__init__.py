@@ -31,8 +31,11 @@ from ._utils import _get_device_index
 # before it initialises the devices itself, and a forked child that never uses them (a DataLoader
 # worker) is unaffected.
 
-#: Whether :func:`_lazy_init` has run in this process (the queued calls ran).
+#: Whether the device is initialised here (:func:`_lazy_init` ran), as ``torch.cuda._initialized``; PyTorch
+#: reads it (checkpointing stashes the device's RNG state only when it is true). The code below reads
+#: _lazy_init_done, of which it is a copy.
 _initialized = False
+_lazy_init_done = False
 _tls = threading.local()
 _initialization_lock = threading.Lock()
 _queued_calls: list[tuple[Callable[[], None], list[str]]] = []  # run at initialisation
@@ -55,7 +58,7 @@ def _is_in_bad_fork() -> bool:
 
 def is_initialized() -> bool:
     """Return whether this process has initialised the neuron devices (not inherited across a fork)."""
-    return (_initialized or _C._is_initialized()) and not _is_in_bad_fork()
+    return (_lazy_init_done or _C._is_initialized()) and not _is_in_bad_fork()
 
 
 def _lazy_call(callable: Callable[[], Any], **kwargs: Any) -> None:
@@ -66,10 +69,10 @@ def _lazy_call(callable: Callable[[], Any], **kwargs: Any) -> None:
         seed: a ``manual_seed`` of one device (only the latest is kept), as ``torch.cuda._lazy_call``.
         seed_all: a ``manual_seed_all`` (only the latest is kept).
     """
-    if not _initialized and _C._is_initialized() and not _is_in_bad_fork():
+    if not _lazy_init_done and _C._is_initialized() and not _is_in_bad_fork():
         _lazy_init()  # the devices were first used from C++: the queued calls run first, in order
     with _initialization_lock:
-        if _initialized and not _is_in_bad_fork():
+        if _lazy_init_done and not _is_in_bad_fork():
             callable()
         elif kwargs.get("seed_all", False):
             _lazy_seed_tracker.queue_seed_all(callable, traceback.format_stack())
@@ -81,11 +84,11 @@ def _lazy_call(callable: Callable[[], Any], **kwargs: Any) -> None:
 
 def _lazy_init() -> None:
     """Initialise the neuron devices if they are not yet; raise in a process forked after they were."""
-    global _initialized, _queued_calls
-    if (_initialized and not _is_in_bad_fork()) or hasattr(_tls, "is_initializing"):
+    global _initialized, _lazy_init_done, _queued_calls
+    if (_lazy_init_done and not _is_in_bad_fork()) or hasattr(_tls, "is_initializing"):
         return
     with _initialization_lock:
-        if _initialized and not _is_in_bad_fork():
+        if _lazy_init_done and not _is_in_bad_fork():
             return
         if _is_in_bad_fork():
             raise RuntimeError(_BAD_FORK_MESSAGE)
@@ -105,7 +108,7 @@ def _lazy_init() -> None:
             delattr(_tls, "is_initializing")
             _queued_calls = []
             _lazy_seed_tracker.__init__()
-        _initialized = True
+        _lazy_init_done = _initialized = True
 
 
 def init() -> None:
