@@ -1,5 +1,6 @@
 // torchneuron._C: the Python binding of the device runtime.
 #include "aten/launch.h"
+#include "aten/device_init.h"
 #include "aten/allocator.h"
 #include "aten/host_allocator.h"
 #include "aten/generator.h"
@@ -46,6 +47,7 @@ py::dict deviceProperties(int index) {
 
 py::tuple memGetInfo(int index) {
   checkDevice(static_cast<c10::DeviceIndex>(index));
+  initDevice(static_cast<c10::DeviceIndex>(index));
   size_t free_bytes = 0, total = 0;
   rt::memGetInfo(index, &free_bytes, &total);
   return py::make_tuple(free_bytes, total);
@@ -309,6 +311,13 @@ PYBIND11_MODULE(_C, m) {
   preferSparseCpuKernels();
   m.def("_runtime_api_version", [] { return py::make_tuple(rt::apiVersion() / 1000, rt::apiVersion() % 1000); });
   m.def("_device_count", [] { return int(deviceCount()); });
+  m.def("_init", &initDevices,
+        "Initialise the neuron devices (torch.neuron._lazy_init); raises in a process forked after they were.");
+  m.def("_is_initialized", &devicesInitialized, "Whether this process initialised the neuron devices.");
+  m.def("_is_in_bad_fork", &devicesInBadFork,
+        "Whether this process was forked after its parent initialised the neuron devices.");
+  m.def("_device_used", [](int i) { return deviceUsed(static_cast<c10::DeviceIndex>(i)); },
+        "Whether this process has used a neuron device (the hooks' hasPrimaryContext).");
   m.def("_current_device", [] { return int(currentDevice()); });
   m.def("_set_device", [](int i) { setDevice(static_cast<c10::DeviceIndex>(i)); });
   m.def("_check_device", [](int i) { checkDevice(static_cast<c10::DeviceIndex>(i)); });
@@ -323,6 +332,7 @@ PYBIND11_MODULE(_C, m) {
       [](int i) {
         const auto index = static_cast<c10::DeviceIndex>(i);
         checkDevice(index);
+        initDevice(index);
         checkRuntime(runtime::synchronizeDevice(i), index, "torch.neuron.synchronize()");
       },
       py::call_guard<py::gil_scoped_release>());

@@ -95,8 +95,8 @@ def test_torch_neuron_mirrors_torch_cuda(name):
 def test_is_available_and_device_count():
     assert torch.neuron.is_available() is True
     assert torch.neuron.device_count() == 2
+    torch.neuron.init()  # as torch.cuda.init(): initializes the devices (if no use did yet)
     assert torch.neuron.is_initialized()
-    torch.neuron.init()  # a no-op, accepted like torch.cuda.init()
 
 
 def test_current_and_set_device(two_devices):

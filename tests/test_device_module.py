@@ -536,7 +536,9 @@ def test_neuron_has_what_cuda_has(name):
 
 # ---- with torch.cuda's meaning -----------------------------------------------------------------
 
-def test_initialized_once_loaded():
+def test_initialized_once_used():
+    # As torch.cuda's: true once the device is used (tests/test_fork.py: not at import, not in a bad fork).
+    torch.ones(1, device="neuron")
     assert torch.neuron._initialized is True
     assert torch.neuron.is_initialized()
     assert torch.neuron._is_in_bad_fork() is False

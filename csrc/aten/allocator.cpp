@@ -25,6 +25,7 @@
 // turned off again, so the allocator's own switch keeps it out of the way (a relaxed load) after.
 #include "allocator.h"
 #include "device.h"
+#include "device_init.h"
 #include "held_work.h"
 #include "../fused/fused_mode.h"
 
@@ -196,7 +197,8 @@ void processPendingLocked(DeviceState& d) {
   }
 }
 
-int64_t streamId(c10::DeviceIndex device) { return currentStream(device).id(); }
+// (A forked child that frees its parent's tensors may not use the device: its frees name stream 0.)
+int64_t streamId(c10::DeviceIndex device) { return devicesInBadFork() ? 0 : currentStream(device).id(); }
 
 // Appends an action to the device's ring (when the history records actions).
 void noteLocked(DeviceState& d, const char* action, const void* addr, size_t size, int64_t stream,
@@ -394,6 +396,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
   c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes) {
     checkDevice(device);
+    initDevice(device);  // the first allocation is the device's first use; raises in a bad fork
     auto& d = *devices_[device];
     const size_t size = roundSize(nbytes);
     std::shared_ptr<c10::GatheredContext> context;
@@ -527,7 +530,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     runtime::copyMemory(dest, src, count, rt::CopyKind::DeviceToDevice);
   }
 
-  bool initialized() override { return true; }
+  bool initialized() override { return devicesInitialized(); }  // as CUDA's: once the devices are
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
     flushFused("empty_cache");  // fused eager: a recorded group may still refer to cached blocks

@@ -1,5 +1,6 @@
 // The current device and stream of each thread, and PyTorch's device guard.
 #include "launch.h"
+#include "device_init.h"
 #include "allocator.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -11,7 +12,6 @@
 namespace torchneuron {
 namespace {
 
-constexpr int kMaxDevices = 64;
 constexpr int kStreamsPerPool = 32;
 
 thread_local c10::DeviceIndex tls_device = 0;
@@ -48,6 +48,7 @@ c10::Device resolve(c10::Device d) {
 c10::Stream currentStream(c10::DeviceIndex index) {
   if (index < 0) index = tls_device;
   checkDevice(index);
+  initDevice(index);  // every launch asks for its stream: the first is the device's first use
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), tls_streams[index]);
 }
 
@@ -78,12 +79,14 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getDefaultStream(c10::Device d) const override {
     d = resolve(d);
     checkDevice(d.index());
+    initDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, 0);
   }
 
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
     d = resolve(d);
     checkDevice(d.index());
+    initDevice(d.index());
     const auto id = 1 + pool_counters[d.index()]++ % kStreamsPerPool;
     return c10::Stream(c10::Stream::UNSAFE, d, static_cast<c10::StreamId>(id));
   }
@@ -91,6 +94,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
     d = resolve(d);
     checkDevice(d.index());
+    initDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, next_stream_id++);
   }
 
@@ -104,11 +108,31 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return torchneuron::deviceCount(); }
 
+  // torch.accelerator.get_device_capability: the dtypes whose tensors can be allocated on a device
+  // and converted into each other. The device's kernels are the CPU's, so it is the CPU's set: every
+  // dtype with a copy kernel. Not the quantized ones (no .to()), nor the sub-byte (Int1-7, UInt1-7),
+  // bit (Bits*) and packed Float4 ones, which PyTorch only allocates (tests/test_accelerator.py
+  // probes each dtype and checks that this is exactly the set that works).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    checkDevice(resolve(d).index());
+    c10::DeviceCapability capability;
+    auto& has = capability.capability_data.supported_scalar_types;
+    has.has_QInt8 = has.has_QUInt8 = has.has_QInt32 = has.has_QUInt4x2 = has.has_QUInt2x4 = 0;
+    has.has_Bits1x8 = has.has_Bits2x4 = has.has_Bits4x2 = has.has_Bits8 = has.has_Bits16 = 0;
+    has.has_UInt1 = has.has_UInt2 = has.has_UInt3 = has.has_UInt4 = has.has_UInt5 = has.has_UInt6 = 0;
+    has.has_UInt7 = has.has_Int1 = has.has_Int2 = has.has_Int3 = has.has_Int4 = has.has_Int5 = 0;
+    has.has_Int6 = has.has_Int7 = 0;
+    has.has_Float4_e2m1fn_x2 = 0;
+    return capability;
+  }
+
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
         "Event device index ", int(device_index), " does not match recording stream's device index ",
         int(stream.device_index()), ".");
+    checkDevice(stream.device_index());
+    initDevice(stream.device_index());
     auto*& ev = *reinterpret_cast<rt::Event*>(event);
     if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
     checkRuntime(runtime::recordEvent(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
@@ -116,11 +140,14 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
+    checkDevice(stream.device_index());
+    initDevice(stream.device_index());
     checkRuntime(runtime::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event)),
                  stream.device_index(), "wait_event");
   }
 
   bool queryEvent(void* event) const override {
+    if (event != nullptr) initDevices();
     return event == nullptr || rt::eventQuery(static_cast<rt::Event>(event)) == rt::Status::Success;
   }
 
@@ -129,22 +156,28 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
+    checkDevice(stream.device_index());
+    initDevice(stream.device_index());
     return runtime::queryStream(stream.device_index(), stream.id()) == rt::Status::Success;
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
+    checkDevice(stream.device_index());
+    initDevice(stream.device_index());
     checkRuntime(runtime::synchronizeStream(stream.device_index(), stream.id()), stream.device_index(),
                  "stream synchronize");
   }
 
   void synchronizeEvent(void* event) const override {
     if (event == nullptr) return;
+    initDevices();
     auto* ev = static_cast<rt::Event>(event);
     checkRuntime(rt::eventSynchronize(ev), rt::eventDevice(ev), "event synchronize");
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     checkDevice(device_index);
+    initDevice(device_index);
     checkRuntime(runtime::synchronizeDevice(device_index), device_index, "device synchronize");
   }
 
@@ -155,6 +188,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
         "Both events must be recorded before calculating elapsed time.");
+    initDevices();
     auto* s = static_cast<rt::Event>(start);
     auto* e = static_cast<rt::Event>(end);
     float ms = 0;

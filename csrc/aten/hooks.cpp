@@ -1,5 +1,9 @@
-// PrivateUse1 hooks: how PyTorch's generic code asks about neuron devices.
+// PrivateUse1 hooks: how PyTorch's generic code asks about neuron devices. init() is the devices'
+// lazy initialisation (device_init.cpp), which at::globalContext().lazyInitDevice(kPrivateUse1) calls
+// once; the calls that use a device initialise it themselves (and raise in a bad fork), since that
+// once is inherited by a forked child.
 #include "device.h"
+#include "device_init.h"
 #include "held_work.h"
 #include "allocator.h"
 #include "host_allocator.h"
@@ -17,9 +21,11 @@ namespace {
 
 struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
+  // Neither initialises the devices (the number comes from the runtime's configuration).
   bool isAvailable() const override { return rt::deviceCount() > 0; }
-  void init() const override {}
-  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void init() const override { initDevices(); }
+  // Whether this process has used the device (allocated, launched, made a stream on it).
+  bool hasPrimaryContext(c10::DeviceIndex d) const override { return deviceUsed(d); }
 
   c10::DeviceIndex deviceCount() const override { return torchneuron::deviceCount(); }
   void setCurrentDevice(c10::DeviceIndex d) const override { setDevice(d); }
@@ -34,9 +40,13 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 
   const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    initDevices();
     return defaultGenerator(index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    const auto device = index < 0 ? currentDevice() : index;
+    checkDevice(device);
+    initDevice(device);
     return newGenerator(index);
   }
 
@@ -48,7 +58,10 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
 
   bool isPinnedPtr(const void* data) const override { return rt::isHostPinned(data); }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return hostAllocator(); }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    initDevices();  // pinned memory is the runtime's (PyTorch initialises the device first, once)
+    return hostAllocator();
+  }
 
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     auto* impl = storage.unsafeGetStorageImpl();

@@ -6,15 +6,118 @@ torchneuron is loaded, and through ``torch.accelerator`` and
 ``torch.get_device_module("neuron")``.
 """
 
+import threading
+import traceback
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
+from torch._utils import _LazySeedTracker
 
 from .. import _C
 from . import amp
 from ._utils import _get_device_index
-from .memory import (
+
+# ---- lazy initialisation and fork poisoning, as torch.cuda's ------------------------------------------
+#
+# Importing torch or torchneuron creates no device state. The devices are initialised at their first
+# use: a tensor, an allocation, a stream, an event or a generator on a device, or a torch.neuron call
+# that needs them (_lazy_init; PyTorch's Python bindings call it before they make a tensor on the
+# device). Calls made before that which only set state (manual_seed, set_rng_state) wait in a queue
+# (_lazy_call) and run at initialisation, so `import torch; torch.manual_seed(0)` leaves the devices
+# alone. A process forked after the initialisation cannot use the devices: its first use raises
+# RuntimeError("Cannot re-initialize neuron in forked subprocess. ..."), from Python and from C++
+# alike (csrc/aten/device_init.cpp keeps the state and registers the fork handlers). A process forked
+# before it initialises the devices itself, and a forked child that never uses them (a DataLoader
+# worker) is unaffected.
+
+#: Whether the device is initialised here (:func:`_lazy_init` ran), as ``torch.cuda._initialized``; PyTorch
+#: reads it (checkpointing stashes the device's RNG state only when it is true). The code below reads
+#: _lazy_init_done, of which it is a copy.
+_initialized = False
+_lazy_init_done = False
+_tls = threading.local()
+_initialization_lock = threading.Lock()
+_queued_calls: list[tuple[Callable[[], None], list[str]]] = []  # run at initialisation
+_lazy_seed_tracker = _LazySeedTracker()
+
+_BAD_FORK_MESSAGE = (
+    "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must use the "
+    "'spawn' start method"
+)
+
+
+class DeferredNeuronCallError(Exception):
+    """A call queued before initialisation (:func:`_lazy_call`) failed when it ran."""
+
+
+def _is_in_bad_fork() -> bool:
+    """Return whether this process was forked after its parent initialised the neuron devices."""
+    return _C._is_in_bad_fork()
+
+
+def is_initialized() -> bool:
+    """Return whether this process has initialised the neuron devices (not inherited across a fork)."""
+    return (_lazy_init_done or _C._is_initialized()) and not _is_in_bad_fork()
+
+
+def _lazy_call(callable: Callable[[], Any], **kwargs: Any) -> None:
+    """Run ``callable`` now if the devices are initialised, else at their initialisation.
+
+    Args:
+        callable: what to run.
+        seed: a ``manual_seed`` of one device (only the latest is kept), as ``torch.cuda._lazy_call``.
+        seed_all: a ``manual_seed_all`` (only the latest is kept).
+    """
+    if not _lazy_init_done and _C._is_initialized() and not _is_in_bad_fork():
+        _lazy_init()  # the devices were first used from C++: the queued calls run first, in order
+    with _initialization_lock:
+        if _lazy_init_done and not _is_in_bad_fork():
+            callable()
+        elif kwargs.get("seed_all", False):
+            _lazy_seed_tracker.queue_seed_all(callable, traceback.format_stack())
+        elif kwargs.get("seed", False):
+            _lazy_seed_tracker.queue_seed(callable, traceback.format_stack())
+        else:
+            _queued_calls.append((callable, traceback.format_stack()))
+
+
+def _lazy_init() -> None:
+    """Initialise the neuron devices if they are not yet; raise in a process forked after they were."""
+    global _initialized, _lazy_init_done, _queued_calls
+    if (_lazy_init_done and not _is_in_bad_fork()) or hasattr(_tls, "is_initializing"):
+        return
+    with _initialization_lock:
+        if _lazy_init_done and not _is_in_bad_fork():
+            return
+        if _is_in_bad_fork():
+            raise RuntimeError(_BAD_FORK_MESSAGE)
+        _C._init()
+        # Queued calls may call _lazy_init() again: they return at once. Other threads wait on the lock.
+        _tls.is_initializing = True
+        _queued_calls.extend(calls for calls in _lazy_seed_tracker.get_calls() if calls)
+        try:
+            for queued_call, orig_traceback in _queued_calls:
+                try:
+                    queued_call()
+                except Exception as e:
+                    msg = (f"neuron call failed lazily at initialization with error: {e}\n\n"
+                           f"neuron call was originally invoked at:\n\n{''.join(orig_traceback)}")
+                    raise DeferredNeuronCallError(msg) from e
+        finally:
+            delattr(_tls, "is_initializing")
+            _queued_calls = []
+            _lazy_seed_tracker.__init__()
+        _lazy_init_done = _initialized = True
+
+
+def init() -> None:
+    """Initialize the neuron devices, as ``torch.cuda.init``; the calls that need them do it by themselves."""
+    _lazy_init()
+
+
+# The submodules below use _lazy_call and _lazy_init (as torch.cuda's do).
+from .memory import (  # noqa: E402
     empty_cache,
     host_memory_stats,
     max_memory_allocated,
@@ -28,7 +131,7 @@ from .memory import (
     reset_max_memory_allocated,
     reset_peak_memory_stats,
 )
-from .random import (
+from .random import (  # noqa: E402
     _get_generator,
     default_generators,
     get_rng_state,
@@ -41,9 +144,9 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
-from . import _gpu_trace  # noqa: F401  (PyTorch's GPU trace fires torch.neuron._gpu_trace's callbacks)
-from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream
-from .eager import eager_mode, get_eager_mode, set_eager_mode
+from . import _gpu_trace  # noqa: E402,F401  (PyTorch's GPU trace fires torch.neuron._gpu_trace's callbacks)
+from .streams import Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream  # noqa: E402
+from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 
 __all__ = [
     "Event", "OutOfMemoryError", "Stream", "StreamContext", "amp", "current_device", "current_stream",
@@ -56,45 +159,28 @@ __all__ = [
     "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_device",
     "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize", "transfer_stats",
     "eager_mode", "enable_sanitizer", "get_eager_mode", "set_eager_mode",
-    "reset_transfer_stats",
+    "reset_transfer_stats", "DeferredNeuronCallError",
 ]
 
 OutOfMemoryError = torch.OutOfMemoryError
 
-#: Whether the neuron runtime is initialized, as ``torch.cuda._initialized``: true once torchneuron is loaded.
-_initialized = True
-
 
 def is_available() -> bool:
-    """Return whether a neuron device is present."""
+    """Return whether a neuron device is present (without initialising the devices)."""
     return _C._device_count() > 0
 
 
 def device_count() -> int:
-    """Return the number of neuron devices (``TORCHNEURON_NUM_DEVICES`` for the emulator)."""
+    """Return the number of neuron devices (``TORCHNEURON_NUM_DEVICES`` for the emulator).
+
+    Does not initialise the devices, so a process may fork after asking.
+    """
     return _C._device_count()
-
-
-def is_initialized() -> bool:
-    """Return whether the neuron runtime is initialized (it is, once torchneuron is loaded)."""
-    return _initialized and not _is_in_bad_fork()
-
-
-def init() -> None:
-    """Initialize the neuron runtime; a no-op kept for ``torch.cuda.init`` habits."""
-
-
-def _is_in_bad_fork() -> bool:
-    """Return whether this process is a fork child that cannot use the device (the neuron runtime tracks no forks)."""
-    return False
-
-
-def _lazy_init() -> None:
-    pass
 
 
 def current_device() -> int:
     """Return the index of the current neuron device of this thread."""
+    _lazy_init()
     return _C._current_device()
 
 
@@ -104,7 +190,10 @@ def set_device(device: Any) -> None:
     Args:
         device: an index, ``"neuron:N"`` or a ``torch.device``.
     """
-    _C._set_device(_get_device_index(device))
+    index = _get_device_index(device)
+    if index >= 0:
+        _lazy_init()
+        _C._set_device(index)
 
 
 class device:
@@ -124,12 +213,15 @@ class device:
         self.prev_idx = -1
 
     def __enter__(self):
+        if self.idx < 0:
+            return
+        _lazy_init()
         self.prev_idx = _C._current_device()
-        if self.idx >= 0 and self.idx != self.prev_idx:
+        if self.idx != self.prev_idx:
             _C._set_device(self.idx)
 
     def __exit__(self, *exc):
-        if self.idx >= 0 and self.idx != self.prev_idx:
+        if self.idx >= 0 and self.prev_idx >= 0 and self.idx != self.prev_idx:
             _C._set_device(self.prev_idx)
         return False
 
@@ -165,6 +257,7 @@ def get_device_properties(device: Any = None) -> _NeuronDeviceProperties:
     Args:
         device: the device (default: the current one).
     """
+    _lazy_init()
     return _properties(_get_device_index(device))
 
 
@@ -189,6 +282,7 @@ def synchronize(device: Any = None) -> None:
     Args:
         device: the device (default: the current one).
     """
+    _lazy_init()
     index = _get_device_index(device)
     _C._synchronize(index)
     if _gpu_trace.DeviceSynchronizationCallbacks.callback_list:
@@ -213,6 +307,7 @@ def _sleep(cycles: int) -> None:
     With asynchronous streams (``TORCHNEURON_ASYNC=1``) the work is queued and the host goes on, as
     with ``torch.cuda._sleep``; otherwise the host waits as well.
     """
+    _lazy_init()
     _C._sleep(max(int(cycles), 0))
 
 

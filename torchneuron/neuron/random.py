@@ -5,6 +5,11 @@ state is CUDA's 16 bytes: the seed (uint64), then the offset (uint64). A random
 op draws element i from offset + i and moves the offset on by its element count
 rounded up to 4, so code that moves the offset itself (DTensor's random-op
 tracker) gives each shard its own part of the stream.
+
+As ``torch.cuda``'s, the calls that read a generator initialise the devices,
+and those that only set one (seeding, ``set_rng_state``) wait until the
+devices are initialised when they are not yet (``torch.manual_seed`` at the
+top of a program leaves them alone, so it may still fork).
 """
 
 from typing import Any, Iterable
@@ -12,6 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from .. import _C
+from . import _lazy_call, _lazy_init
 from ._utils import _get_device_index
 
 __all__ = [
@@ -40,11 +46,13 @@ def get_rng_state(device: Any = "neuron") -> torch.Tensor:
     Args:
         device: the device (default: the current one).
     """
+    _lazy_init()
     return _generator(device).get_state()
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
     """Return the random number generator state of every device."""
+    _lazy_init()
     return [g.get_state() for g in default_generators]
 
 
@@ -60,7 +68,8 @@ def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
                         + (f" of dtype {new_state.dtype}" if isinstance(new_state, torch.Tensor) else ""))
     with torch.no_grad():
         state = new_state.detach().to("cpu", copy=True).contiguous()
-    _generator(device).set_state(state)
+    generator = _generator(device)
+    _lazy_call(lambda: generator.set_state(state))
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
@@ -75,7 +84,9 @@ def manual_seed(seed: int) -> None:
     Args:
         seed: the seed.
     """
-    _generator().manual_seed(int(seed))
+    seed = int(seed)
+    generator = _generator()
+    _lazy_call(lambda: generator.manual_seed(seed), seed=True)
 
 
 def manual_seed_all(seed: int) -> None:
@@ -84,22 +95,33 @@ def manual_seed_all(seed: int) -> None:
     Args:
         seed: the seed.
     """
-    for g in default_generators:
-        g.manual_seed(int(seed))
+    seed = int(seed)
+
+    def seed_all_devices() -> None:
+        for g in default_generators:
+            g.manual_seed(seed)
+
+    _lazy_call(seed_all_devices, seed_all=True)
 
 
 def seed() -> None:
     """Seed the current device's generator with a random number."""
-    _generator().seed()
+    generator = _generator()
+    _lazy_call(generator.seed)
 
 
 def seed_all() -> None:
     """Seed every device's generator with one random number."""
-    s = default_generators[0].seed() if default_generators else 0
-    for g in default_generators[1:]:
-        g.manual_seed(s)
+
+    def seed_all_devices() -> None:
+        s = default_generators[0].seed() if default_generators else 0
+        for g in default_generators[1:]:
+            g.manual_seed(s)
+
+    _lazy_call(seed_all_devices)
 
 
 def initial_seed() -> int:
     """Return the seed of the current device's generator."""
+    _lazy_init()
     return _generator().initial_seed()

@@ -34,13 +34,15 @@ class NeuronPlatform(CpuPlatform):
     ray_device_key: str = "neuron"
     device_control_env_var: str = "NEURON_RT_VISIBLE_CORES"
 
+    # Asked in the engine's first process, which then forks: read from the runtime without initialising the
+    # device (as vLLM's CUDA platform asks NVML), so the forked engine core and workers may still use it.
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
-        return torch.neuron.get_device_name(device_id)
+        return _device_properties(device_id)["name"]
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        return torch.neuron.get_device_properties(device_id).total_memory
+        return _device_properties(device_id)["total_memory"]
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:
@@ -85,6 +87,12 @@ class NeuronPlatform(CpuPlatform):
             device_config.device = device
         logger.info("vLLM on neuron: worker %s, tensor parallel %d", parallel.worker_cls,
                     parallel.tensor_parallel_size)
+
+
+def _device_properties(device_id: int) -> dict:
+    from torchneuron import _C
+
+    return _C._device_properties(int(device_id))
 
 
 def _split_cores_between_ranks(world_size: int) -> None:
