@@ -4,6 +4,7 @@
 #include "aten/host_allocator.h"
 #include "aten/generator.h"
 #include "aten/fallback.h"
+#include "aten/widening.h"
 #include "aten/transfers.h"
 #include "distributed/collectives.h"
 
@@ -291,6 +292,7 @@ PYBIND11_MODULE(_C, m) {
   });
   bindFused(m);
   registerFastOps();
+  registerWidenedOps();
   preferCpuKernels();
   preferSparseCpuKernels();
   m.def("_device_count", [] { return int(deviceCount()); });
