@@ -29,6 +29,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -161,9 +162,9 @@ void complexNansum(const c10::OperatorHandle& op, torch::jit::Stack* stack, size
 
 bool widens(const char* schema_name) { return ruleFor(schema_name) != nullptr; }
 
-void widenedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  static_assert(sizeof(kRules) > 0);
-  const Rule* rule = ruleFor(op.schema().name());
+namespace {
+
+void runWidened(const Rule* rule, const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   const size_t first = stack->size() - args.size();
   unsigned cls = 0;
@@ -237,16 +238,35 @@ void widenedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
   }
 }
 
+// The kernel registered for one op of the table: its rule found once, at registration.
+class WidenedKernel final : public c10::OperatorKernel {
+ public:
+  explicit WidenedKernel(const Rule* rule) : rule_(rule) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    runWidened(rule_, op, keys, stack);
+  }
+
+ private:
+  const Rule* rule_;
+};
+
+}  // namespace
+
+void widenedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  runWidened(ruleFor(op.schema().name()), op, keys, stack);
+}
+
 void registerWidenedOps() {
   static torch::Library* library = nullptr;
   if (library != nullptr) return;
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   forEachAtenOp([&](const c10::OperatorHandle& op, const std::string& qualified) {
-    if (ruleFor(op.schema().name()) == nullptr) return;
+    const Rule* rule = ruleFor(op.schema().name());
+    if (rule == nullptr) return;
     if (op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return;  // a fast op: it calls us on failure
     // A registration would take the decomposition away from the op's autograd.
     if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
-    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&widenedFallback>());
+    library->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<WidenedKernel>(rule)));
   });
 }
 

@@ -14,7 +14,7 @@ namespace torchneuron {
 
 // Whether the op (its schema name, "aten::histc") is in the widening table.
 bool widens(const char* schema_name);
-// The boxed kernel of the table's ops: with an argument of a dtype the op widens, the op runs on
+// The widening itself, as a boxed kernel: with an argument of a dtype the op widens, the op runs on
 // widened copies through the fallback and its results are cast back (out= and in-place arguments
 // written back); otherwise it is the fallback itself.
 void widenedFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);

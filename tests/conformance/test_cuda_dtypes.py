@@ -154,3 +154,33 @@ def test_pairs_are_opinfos_cuda_only_dtypes():
     """The sweep covers every pair: counted from op_db itself, none silently dropped."""
     assert len(PAIRS) == sum(len(set(op.dtypesIfCUDA) - set(op.dtypes)) for op in op_db)
     assert len(PAIRS) > 50
+
+
+def test_out_and_inplace_write_back():
+    """out= and in-place calls of widened ops write CUDA's result into their own tensors."""
+    ids = torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    out = torch.empty(0, dtype=torch.int32, device=NEURON)  # resized, as out= is
+    assert torch.histc(ids.to(NEURON), bins=8, min=0, max=8, out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.histc(ids.double(), bins=8, min=0, max=8).int())
+    # min and max convert to the input's integer type first (0.7 -> 0, 6.9 -> 6), as CUDA's kernel does
+    torch.testing.assert_close(torch.histc(ids.to(NEURON), bins=4, min=0.7, max=6.9).cpu(),
+                               torch.histc(ids.double(), bins=4, min=0, max=6).int())
+
+    z = torch.randn(6, dtype=torch.complex64, generator=torch.Generator().manual_seed(1)).to(torch.complex32)
+    zn = z.to(NEURON)
+    assert zn.sin_() is zn
+    torch.testing.assert_close(zn.cpu(), z.to(torch.complex64).sin().to(torch.complex32))
+    zout = torch.empty(6, dtype=torch.complex32, device=NEURON)
+    torch.exp(z.to(NEURON), out=zout)
+    torch.testing.assert_close(zout.cpu(), z.to(torch.complex64).exp().to(torch.complex32))
+    assert torch.angle(z.to(NEURON)).dtype == torch.float16
+
+    b = torch.tensor([True, False, True], device=NEURON)
+    assert b.abs_() is b and b.dtype == torch.bool and b.cpu().tolist() == [True, False, True]
+    t = torch.trace(torch.eye(3, dtype=torch.bool, device=NEURON))
+    assert t.dtype == torch.int64 and t.item() == 3  # bool sums to int64, as on CUDA
+
+    c = torch.tensor([1 + 1j, complex(float("nan"), 0), 2j, complex(0, float("nan"))], device=NEURON)
+    s = torch.empty((), dtype=torch.complex64, device=NEURON)
+    torch.nansum(c, 0, out=s)
+    torch.testing.assert_close(s.cpu(), torch.tensor(1 + 3j, dtype=torch.complex64))
