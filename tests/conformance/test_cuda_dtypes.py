@@ -7,7 +7,8 @@ inputs run on neuron and are compared with the CPU's result: each aten op in the
 the CPU has a kernel for it, else computed on the CPU in the wider dtype and cast back (CUDA's
 semantics: complex32 -> complex64, float16/bfloat16 -> float32, bool -> uint8, integers -> float64;
 complex nansum zeroes NaN elements), with
-assert_close's tolerances for the result's dtype, as the OpInfo slice uses. Random ops (rrelu) are
+assert_close's tolerances for the result's dtype, as the OpInfo slice uses; for float16 and bfloat16
+the gradient of the first input is compared too. Random ops (rrelu) are
 compared with the same op run on neuron in the wide dtype from the same seed, since the device draws
 from its own generator. Pairs left out are listed in expected_failures.CUDA_DTYPE_XFAILS, strictly (a
 listed pair that passes fails the test).
@@ -134,6 +135,29 @@ def _check(op, dtype):
     return len(samples)
 
 
+BACKWARD_DTYPES = (torch.float16, torch.bfloat16)
+BACKWARD_SAMPLES = 4
+
+
+def _first_output(result):
+    return result if isinstance(result, torch.Tensor) else result[0]
+
+
+def _check_backward(op, dtype):
+    """Gradients of the first input for a cotangent of ones, neuron against the CPU (widened per op)."""
+    for i, sample in enumerate(op.sample_inputs("cpu", dtype, requires_grad=True)):
+        if i == BACKWARD_SAMPLES:
+            break
+        dev = _on(sample, NEURON)
+        x, xn = sample.input.detach().requires_grad_(), dev.input.detach().requires_grad_()
+        with WidenedCPU(_widening(dtype)):
+            y = _first_output(op(x, *sample.args, **sample.kwargs))
+            y.backward(torch.ones_like(y))
+        yn = _first_output(op(xn, *dev.args, **dev.kwargs))
+        yn.backward(torch.ones_like(yn))
+        torch.testing.assert_close(xn.grad.cpu(), x.grad, msg=lambda m: f"backward, sample {i}: {m}")
+
+
 @pytest.mark.parametrize("op,dtype", PAIRS)
 def test_cuda_dtype(op, dtype):
     name, dname = op.full_name, opcheck.dtype_name(dtype)
@@ -141,6 +165,8 @@ def test_cuda_dtype(op, dtype):
     try:
         with torch.no_grad():
             _check(op, dtype)
+        if dtype in BACKWARD_DTYPES and op.supports_autograd and op.full_name not in RANDOM:
+            _check_backward(op, dtype)
     except Exception as e:
         if entry is None:
             raise
