@@ -103,7 +103,12 @@ R throughWidening(Args... args) {
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    if (fusedRecording()) return throughFallback<Op, at::Tensor, Args...>(args...);
+    static const bool widened = widens(Op::name);
+    if (fusedRecording()) {
+      // Recorded ops run later: a dtype the CPU kernel lacks is widened when recorded.
+      return widened ? throughWidening<Op, at::Tensor, Args...>(args...)
+                     : throughFallback<Op, at::Tensor, Args...>(args...);
+    }
     try {
       KernelArguments arguments;  // strict mode: the memory of the host views made here
       Scan scan;
@@ -111,7 +116,6 @@ struct Fast<Op, at::Tensor(Args...)> {
       const auto device = scan.check(Op::name, Op::overload_name);
       return deviceResult(cpuKernel<Op>(device, hostArgument(args)...), device);
     } catch (const c10::NotImplementedError&) {
-      static const bool widened = widens(Op::name);
       if (!widened) throw;
     }
     return throughWidening<Op, at::Tensor, Args...>(args...);

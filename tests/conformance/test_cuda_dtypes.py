@@ -210,3 +210,18 @@ def test_out_and_inplace_write_back():
     s = torch.empty((), dtype=torch.complex64, device=NEURON)
     torch.nansum(c, 0, out=s)
     torch.testing.assert_close(s.cpu(), torch.tensor(1 + 3j, dtype=torch.complex64))
+
+
+def test_fused_eager_records_widened_ops():
+    """Fused eager records ops and runs them later: a dtype the CPU kernel lacks is widened when recorded."""
+    ids = torch.randint(0, 8, (40,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    z = torch.randn(4, dtype=torch.complex64, generator=torch.Generator().manual_seed(3)).to(torch.complex32)
+    with torch.neuron.eager_mode("fused"):
+        h = torch.histc(ids.to(NEURON) + 0, bins=8, min=0, max=8)
+        s = torch.sin(z.to(NEURON) * 2)
+        t = torch.trace(torch.eye(3, dtype=torch.bool, device=NEURON))
+        got = (h.cpu(), s.cpu(), t.cpu())
+    torch.testing.assert_close(got[0], torch.histc(ids.double(), bins=8, min=0, max=8).int())
+    want = (z.to(torch.complex64) * 2).to(torch.complex32).to(torch.complex64).sin().to(torch.complex32)
+    torch.testing.assert_close(got[1], want)
+    assert got[2].dtype == torch.int64 and got[2].item() == 3
