@@ -5,6 +5,7 @@
 #include "aten/host_allocator.h"
 #include "aten/generator.h"
 #include "aten/fallback.h"
+#include "aten/widening.h"
 #include "aten/transfers.h"
 #include "distributed/collectives.h"
 
@@ -307,6 +308,7 @@ PYBIND11_MODULE(_C, m) {
   checkRuntimeVersion();
   bindFused(m);
   registerFastOps();
+  registerWidenedOps();
   preferCpuKernels();
   preferSparseCpuKernels();
   m.def("_runtime_api_version", [] { return py::make_tuple(rt::apiVersion() / 1000, rt::apiVersion() % 1000); });

@@ -14,6 +14,7 @@ weights and a byte-level BPE tokenizer built here (tests/data/vllm_tiny_llama.py
   times ``gpu_memory_utilization``) and lives in device memory; a model that
   does not fit gets vLLM's ValueError naming the setting to change.
 * Tensor parallelism 2 over neuron:0 and neuron:1 gives the tokens of one device.
+* A tiny Mixtral (tests/data/vllm_tiny_mixtral.py) gives vLLM's CPU tokens and Hugging Face's on neuron.
 * The OpenAI server answers real HTTP requests (completions, chat, streaming)
   and exits within 5 s of SIGTERM, leaving no process or shared memory behind.
 """
@@ -152,6 +153,36 @@ def test_tensor_parallel_2_equals_one_device(model_dir, neuron_eager):
     assert sorted(w["device"] for w in result["worker_memory"]) == ["neuron:0", "neuron:1"]
     assert {w["tp_backend"] for w in result["worker_memory"]} == {"neuron"}  # torchneuron.distributed
     assert result["greedy"] == neuron_eager["greedy"]
+
+
+# ================================ a mixture-of-experts model ==========================================
+
+@pytest.fixture(scope="module")
+def mixtral_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny_mixtral")
+    proc = subprocess.run([sys.executable, str(DATA / "vllm_tiny_mixtral.py"), str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return str(path)
+
+
+def test_mixtral_greedy_equals_cpu_vllm_and_hf(mixtral_dir):
+    """A tiny Mixtral (4 experts, top-2) served on neuron through vLLM's fused MoE layer gives the CPU's tokens."""
+    from transformers import MixtralForCausalLM
+
+    spec = {"model": mixtral_dir, "prompts": PROMPTS[:3], "max_tokens": MAX_TOKENS}
+    cpu = _generate({**spec, "kv_bytes": 64 << 20}, TORCHNEURON_VLLM="0")
+    neuron = _generate({**spec, "eager": True, "util": 0.5}, TORCHNEURON_DEVICE_MEMORY="256MiB")
+    assert (cpu["platform"], neuron["platform"]) == ("cpu", "neuron")
+    assert neuron["prompt_ids"] == cpu["prompt_ids"]
+    assert len({tuple(t) for t in cpu["greedy"]}) == 3  # the prompts' continuations differ
+    assert neuron["greedy"] == cpu["greedy"]
+    model = MixtralForCausalLM.from_pretrained(mixtral_dir, torch_dtype=torch.float32).eval()
+    for ids, tokens in zip(cpu["prompt_ids"], cpu["greedy"]):
+        with torch.no_grad():
+            full = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                                  do_sample=False, pad_token_id=0)
+        assert full[0, len(ids):].tolist() == tokens
 
 
 # ================================ the OpenAI server ===================================================

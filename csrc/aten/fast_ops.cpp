@@ -8,6 +8,7 @@
 #include "launch.h"
 #include "host_addressable.h"
 #include "fallback.h"
+#include "widening.h"
 #include "../fused/fused_mode.h"
 
 #include <ATen/Operators.h>
@@ -89,15 +90,35 @@ R throughFallback(Args... args) {
 template <class Op, class Schema = typename Op::schema>
 struct Fast;
 
+// An op of the widening table whose CPU kernel lacks the dtype (sin of complex32, ...) runs
+// through widenedFallback (widening.cpp); nothing is added to a successful call.
+template <class Op, class R, class... Args>
+R throughWidening(Args... args) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+  torch::jit::Stack stack = c10::impl::boxArgs<Args...>(args...);
+  widenedFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  return c10::impl::PopResult<R>::call(stack);
+}
+
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
-    if (fusedRecording()) return throughFallback<Op, at::Tensor, Args...>(args...);
-    KernelArguments arguments;  // strict mode: the memory of the host views made here
-    Scan scan;
-    (scan.add(args), ...);
-    const auto device = scan.check(Op::name, Op::overload_name);
-    return deviceResult(cpuKernel<Op>(device, hostArgument(args)...), device);
+    static const bool widened = widens(Op::name);
+    if (fusedRecording()) {
+      // Recorded ops run later: a dtype the CPU kernel lacks is widened when recorded.
+      return widened ? throughWidening<Op, at::Tensor, Args...>(args...)
+                     : throughFallback<Op, at::Tensor, Args...>(args...);
+    }
+    try {
+      KernelArguments arguments;  // strict mode: the memory of the host views made here
+      Scan scan;
+      (scan.add(args), ...);
+      const auto device = scan.check(Op::name, Op::overload_name);
+      return deviceResult(cpuKernel<Op>(device, hostArgument(args)...), device);
+    } catch (const c10::NotImplementedError&) {
+      if (!widened) throw;
+    }
+    return throughWidening<Op, at::Tensor, Args...>(args...);
   }
 };
 

@@ -132,3 +132,24 @@ def crashes(name, dtype, module=False):
         if x.crash and x.name == name and (x.dtypes == "*" or dtype in x.dtypes):
             return x.reason
     return None
+
+
+# ---- CUDA-only dtypes (test_cuda_dtypes.py) ---------------------------------------------------------
+# (op, dtype) pairs OpInfo lists for CUDA but not for the CPU that do not run on neuron; aspect "forward".
+_NO_CPU_KERNEL = ("[unsupported] PyTorch has no CPU kernel for this op in any dtype (CUDA-only attention "
+                  "kernels): no wider dtype helps; scaled_dot_product_attention runs on neuron instead")
+_HALF_FFT = ("[pytorch] torch.fft's composite front end (promote_type_fft in aten/src/ATen/native/SpectralOps.cpp) "
+             "accepts float16 real input only on CUDA, XPU and meta devices and raises 'Unsupported dtype Half' "
+             "before any neuron kernel runs; complex32 FFTs, which pass that check, are widened")
+
+CUDA_DTYPE_XFAILS: list[XFail] = [
+    XFail("torch.ops.aten._flash_attention_forward", ("float16",), ("forward",), _NO_CPU_KERNEL),
+    XFail("torch.ops.aten._efficient_attention_forward", ("float16", "float32"), ("forward",), _NO_CPU_KERNEL),
+    *[XFail(f"fft.{name}", ("float16",), ("forward",), _HALF_FFT)
+      for name in ("fft", "fft2", "fftn", "ifft", "ifft2", "ifftn", "rfft", "rfft2", "rfftn", "irfft", "irfft2",
+                   "irfftn", "hfft", "hfft2", "hfftn", "ihfft", "ihfft2", "ihfftn")],
+]
+
+
+def expected_cuda_dtype_failure(name, dtype, aspect="forward"):
+    return _lookup(CUDA_DTYPE_XFAILS, name, dtype, aspect)

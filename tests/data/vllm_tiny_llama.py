@@ -13,13 +13,11 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "hello world, this is a s
         "a neuron device runs the model", "tokens come one at a time from the model"] * 8
 
 
-def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) -> str:
-    import torch
+def save_tokenizer(root: Path):
+    """A byte-level BPE tokenizer trained on TEXT, saved in ``root``; returns it."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
     special = ["<unk>", "<s>", "</s>"]
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -30,6 +28,16 @@ def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) ->
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                                "{% if add_generation_prompt %}assistant:{% endif %}")
     tokenizer.save_pretrained(root)
+    return tokenizer
+
+
+def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) -> str:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = save_tokenizer(root)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
                          head_dim=hidden // heads, max_position_embeddings=512,
