@@ -308,3 +308,136 @@ def test_kernel_buffers_come_from_the_device_cache():
         step()
     assert torch.neuron.memory_stats()["num_device_alloc"] == runtime_allocations
     assert torch.neuron.memory_allocated() == start
+
+
+# ---- lazily committed device memory -------------------------------------------------------------
+
+_LAZY_CODE = textwrap.dedent('''
+    import torch
+    MiB, GiB = 1 << 20, 1 << 30
+    n = torch.neuron
+
+    def rss():
+        n.synchronize()  # asynchronous mode: the work queued so far has run
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+
+    def zeros_at(t, starts, k=1000):
+        for s in starts:
+            torch.testing.assert_close(t[s:s + k].cpu(), torch.zeros(k, dtype=t.dtype))
+
+    torch.zeros(4, device="neuron").cpu()  # the device is up
+    allocated, reserved, free = n.memory_allocated(), n.memory_reserved(), n.mem_get_info()[0]
+    before = rss()
+
+    # 12 GiB of zeros on a 16 GiB device: capacity is charged, host memory is not.
+    x = torch.zeros(3 * GiB, dtype=torch.float32, device="neuron")
+    grown = rss() - before
+    assert grown < 256 * MiB, f"torch.zeros of 12 GiB grew RSS by {grown / MiB:.0f} MiB"
+    assert n.memory_allocated() == allocated + 12 * GiB
+    assert n.memory_reserved() == reserved + 12 * GiB
+    assert n.mem_get_info()[0] == free - 12 * GiB
+    stats = n.memory_stats()
+    assert stats["allocated_bytes.all.current"] == allocated + 12 * GiB
+    zeros_at(x, [0, 123_457, x.numel() // 2 + 3, x.numel() - 1000])
+
+    # Writing a part commits that part, roughly.
+    base = rss()
+    part = 64 * MiB // 4
+    x[:part].fill_(1.5)
+    grown = rss() - base
+    assert 60 * MiB < grown < 160 * MiB, f"writing 64 MiB grew RSS by {grown / MiB:.0f} MiB"
+    torch.testing.assert_close(x[part - 1000:part + 1000].cpu(),
+                               torch.cat([torch.full((1000,), 1.5), torch.zeros(1000)]))
+    # ... and zeroing it gives its pages back, leaving what is around it.
+    x[7:part - 5].zero_()
+    assert rss() - base < 16 * MiB, f"RSS {(rss() - base) / MiB:.0f} MiB above before the write"
+    torch.testing.assert_close(x[:part + 10].cpu(),
+                               torch.cat([torch.full((7,), 1.5), torch.zeros(part - 12), torch.full((5,), 1.5),
+                                          torch.zeros(10)]))
+
+    # Out of memory as before: another 5 GiB does not fit, and the zeros are still there.
+    try:
+        torch.zeros(5 * GiB, dtype=torch.uint8, device="neuron")
+    except torch.OutOfMemoryError as e:
+        assert "neuron:0" in str(e) and "16.00 GiB" in str(e), str(e)
+    else:
+        raise AssertionError("no OutOfMemoryError")
+    assert n.memory_stats()["num_ooms"] == stats["num_ooms"] + 1
+    zeros_at(x, [part, x.numel() - 1000])
+
+    # Freed: cached (reserved) until empty_cache, which gives the pages back to the host.
+    reserved = n.memory_reserved()  # the failed request's retry released the other cached blocks
+    del x
+    assert n.memory_allocated() == allocated and n.memory_reserved() == reserved
+    n.empty_cache()
+    assert n.memory_reserved() == reserved - 12 * GiB and n.mem_get_info()[0] == 16 * GiB - n.memory_reserved()
+    # Written device memory goes back to the host when the runtime frees it.
+    y = torch.full((64 * MiB // 4,), 2.0, device="neuron")
+    written = rss()
+    del y
+    n.empty_cache()
+    assert written - rss() > 56 * MiB, f"freeing 64 MiB written gave back {(written - rss()) / MiB:.0f} MiB"
+
+    # A written block, cached and handed out again, reads back what is written to it.
+    a = torch.full((4 * MiB,), 3.0, device="neuron")
+    ptr = a.data_ptr()
+    del a
+    b = torch.empty(4 * MiB, device="neuron")
+    assert b.data_ptr() == ptr
+    b.zero_()
+    b[::4096] = torch.arange(1024.0, device="neuron")
+    expected = torch.zeros(4 * MiB)
+    expected[::4096] = torch.arange(1024.0)
+    torch.testing.assert_close(b.cpu(), expected)
+    c = torch.zeros_like(b) + b.new_zeros(b.shape)
+    torch.testing.assert_close(c.cpu(), torch.zeros(4 * MiB))
+    print("ok")
+''')
+
+
+@pytest.mark.parametrize("mode", [
+    pytest.param({}, id="default"),
+    pytest.param({"TORCHNEURON_STRICT": "1"}, id="strict"),
+    pytest.param({"TORCHNEURON_ASYNC": "1"}, id="async"),
+])
+def test_device_memory_costs_the_host_nothing_until_written(run_python, mode):
+    """torch.zeros of 12 GiB on a 16 GiB device grows host RSS by little (the runtime's memset hands the
+    pages back instead of writing them), reads back zeros, and commits only what is written; capacity,
+    statistics and out-of-memory errors are those of the device."""
+    # Op by op: fused eager records zero_ like any op (its group's CPU code then writes the zeros).
+    r = run_python(_LAZY_CODE, env={"TORCHNEURON_DEVICE_MEMORY": "16GiB", "TORCHNEURON_EAGER": "op", **mode},
+                   timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64,
+                                   torch.uint8])
+def test_zero_fill_of_large_tensors_matches_cpu(dtype):
+    """zero_, fill_(0), zeros, zeros_like and new_zeros of tensors past the runtime's memset threshold
+    (1 MiB), dense, strided and sliced, equal the CPU's."""
+    shape = (1024, 1031)  # 1 to 8 MiB, rows not page-aligned
+    cpu = (torch.arange(shape[0] * shape[1]) % 7 + 1).reshape(shape).to(dtype)
+    dev = cpu.to("neuron")
+    for op in [lambda t: t.zero_(), lambda t: t.fill_(0), lambda t: t.fill_(False),
+               lambda t: t[3:-2].zero_(), lambda t: t.t().zero_(), lambda t: t[:, ::2].zero_(),
+               lambda t: t[1:].fill_(0.0)]:
+        expected, got = cpu.clone(), dev.clone()
+        op(expected), op(got)
+        torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(torch.zeros(shape, dtype=dtype, device="neuron").cpu(), torch.zeros(shape, dtype=dtype))
+    torch.testing.assert_close(torch.zeros_like(dev).cpu(), torch.zeros_like(cpu))
+    torch.testing.assert_close(dev.new_zeros((2, *shape)).cpu(), cpu.new_zeros((2, *shape)))
+
+
+def test_fill_with_negative_zero_keeps_its_sign():
+    """fill_(-0.0) writes -0.0 (not bytes of zero), as on the CPU."""
+    t = torch.ones(MiB, device="neuron").fill_(-0.0)
+    assert torch.signbit(t.cpu()).all()
+    with pytest.raises(RuntimeError):  # what the CPU raises for a complex value into a real tensor
+        torch.ones(MiB).fill_(1j)
+    with pytest.raises(RuntimeError, match="overflow"):  # asynchronous mode: raised by the copy's wait
+        torch.ones(MiB, device="neuron").fill_(1j).cpu()

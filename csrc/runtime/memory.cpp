@@ -1,7 +1,17 @@
 // Emulated NeuronCore: device memory with a capacity, copies, pinned host memory.
+//
+// Device memory costs the host nothing until it is written, as a real device's memory does not come
+// out of host RAM: a block of kLazyBytes or more is a private anonymous mapping of its own
+// (MAP_NORESERVE), whose pages are zero and take no host memory until first touched; free() unmaps
+// it, so the host gets its pages back. memset() to zero gives the whole pages inside such a block
+// (or inside strict mode's arena, protection.cpp) back to the host, which then reads zeros again,
+// and writes only the ragged ends. Smaller blocks come from the host's heap.
 #include "neuron_runtime.h"
 #include "protection.h"
 #include "checks.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +32,8 @@ size_t deviceCapacity();  // below
 namespace {
 
 constexpr size_t kAlignment = 64;
+// Blocks of this size or more are mappings of their own (a page or less of waste, under 0.4%).
+constexpr size_t kLazyBytes = size_t(1) << 20;
 constexpr size_t kDefaultCapacity = size_t(16) << 30;
 
 // Parses "17179869184", "16GiB", "16G", "512MiB", "512M", "64KiB".
@@ -57,6 +69,9 @@ std::vector<DeviceMemory>& devices() {
 struct Registry {
   std::mutex mutex;
   std::unordered_map<const void*, std::pair<int, size_t>> device_blocks;
+  // Blocks in private anonymous mappings, start -> bytes: those of kLazyBytes or more, and in strict
+  // mode every block (all in the arena's mapping).
+  std::map<uintptr_t, size_t> mapped_blocks;
   std::map<uintptr_t, size_t> host_blocks;  // start -> size
 };
 
@@ -66,6 +81,25 @@ Registry& registry() {
 }
 
 bool validDevice(int device) { return device >= 0 && device < deviceCount(); }
+
+size_t pageSize() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+size_t mappedSize(size_t nbytes) { return (nbytes + pageSize() - 1) / pageSize() * pageSize(); }
+
+// Whether [p, p + nbytes) lies in memory whose whole pages may be handed back to the host
+// (madvise(MADV_DONTNEED) on a private anonymous mapping: they read zeros after).
+bool givesPagesBack(const char* p, size_t nbytes) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = r.mapped_blocks.upper_bound(addr);
+  if (it == r.mapped_blocks.begin()) return false;
+  --it;
+  return addr + nbytes <= it->first + it->second;
+}
 
 }  // namespace
 
@@ -105,6 +139,14 @@ Status malloc(int device, void** ptr, size_t nbytes) {
       release(device, nbytes);
       return Status::OutOfMemory;
     }
+  } else if (nbytes >= kLazyBytes) {
+    // Address space only: pages are committed when first written (no swap reserved for them).
+    p = ::mmap(nullptr, mappedSize(nbytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+               -1, 0);
+    if (p == MAP_FAILED) {
+      release(device, nbytes);
+      return Status::OutOfMemory;
+    }
   } else if (posix_memalign(&p, kAlignment, nbytes == 0 ? kAlignment : nbytes) != 0) {
     release(device, nbytes);
     return Status::OutOfMemory;
@@ -113,6 +155,8 @@ Status malloc(int device, void** ptr, size_t nbytes) {
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.device_blocks.emplace(p, std::make_pair(device, nbytes));
+    if (strictMode()) r.mapped_blocks.emplace(reinterpret_cast<uintptr_t>(p), nbytes);
+    else if (nbytes >= kLazyBytes) r.mapped_blocks.emplace(reinterpret_cast<uintptr_t>(p), mappedSize(nbytes));
   }
   *ptr = p;
   return Status::Success;
@@ -128,8 +172,10 @@ Status free(void* ptr) {
     if (it == r.device_blocks.end()) return Status::InvalidValue;
     block = it->second;
     r.device_blocks.erase(it);
+    r.mapped_blocks.erase(reinterpret_cast<uintptr_t>(ptr));
   }
   if (strictMode()) protectedFree(block.first, ptr, block.second);
+  else if (block.second >= kLazyBytes) ::munmap(ptr, mappedSize(block.second));  // its pages go back to the host
   else std::free(ptr);
   release(block.first, block.second);
   return Status::Success;
@@ -159,6 +205,29 @@ Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind) {
   const MemoryRange ranges[] = {{dst, nbytes}, {src, nbytes}};
   DeviceAccess access(ranges, 2);  // strict mode: a copy reaches its own memory
   std::memmove(dst, src, nbytes);
+  return Status::Success;
+}
+
+Status memset(void* dst, int value, size_t nbytes) {
+  if (nbytes == 0) return Status::Success;
+  if (dst == nullptr) return Status::InvalidValue;
+  auto* p = static_cast<char*>(dst);
+  const MemoryRange range{dst, nbytes};
+  DeviceAccess access(&range, 1);  // strict mode: a fill reaches its own memory
+  if (value != 0 || nbytes < pageSize() || !givesPagesBack(p, nbytes)) {
+    std::memset(p, value, nbytes);
+    return Status::Success;
+  }
+  // Zeros: the whole pages inside go back to the host (they read zeros, and cost nothing until
+  // written again); the ragged ends, which may share a page with other memory, are written.
+  const auto start = reinterpret_cast<uintptr_t>(p), end = start + nbytes;
+  const uintptr_t first = (start + pageSize() - 1) / pageSize() * pageSize(), last = end / pageSize() * pageSize();
+  if (last <= first || ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) {
+    std::memset(p, 0, nbytes);
+    return Status::Success;
+  }
+  std::memset(p, 0, first - start);
+  std::memset(reinterpret_cast<void*>(last), 0, end - last);
   return Status::Success;
 }
 

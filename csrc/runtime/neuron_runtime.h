@@ -59,7 +59,9 @@ Status deviceSynchronize(int device);    // wait for all streams of a device
 
 // ---- memory --------------------------------------------------------------
 // Device memory. Every byte is charged against the device's capacity
-// (TORCHNEURON_DEVICE_MEMORY, default 16 GiB per device).
+// (TORCHNEURON_DEVICE_MEMORY, default 16 GiB per device). As on a device, a
+// block's memory costs the host nothing until it is written (blocks of 1 MiB
+// or more; a new block's contents are undefined all the same).
 Status malloc(int device, void** ptr, size_t nbytes);
 Status free(void* ptr);
 // Charge or release bytes that a kernel produced in place (the zero-copy path
@@ -116,6 +118,9 @@ std::vector<MemoryRange> deviceAccessRanges();
 
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice, HostToHost };
 Status memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind);
+// Sets nbytes of device memory at dst to the byte `value`, as cudaMemset does. Zeros cost no host
+// memory: the whole pages of a large block that the range covers are handed back to the host.
+Status memset(void* dst, int value, size_t nbytes);
 
 // Page-locked host memory for fast, asynchronous copies.
 Status hostMalloc(void** ptr, size_t nbytes);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -102,6 +103,32 @@ void testCopies() {
   CHECK(rt::hostFree(host.data()) == rt::Status::InvalidValue);
   CHECK_OK(rt::free(d0));
   CHECK_OK(rt::free(d1));
+}
+
+// memset: the bytes asked for, and only those, also when whole pages inside go back to the host.
+void testMemset() {
+  for (size_t size : {size_t(4096), 4 * kMiB + 123}) {  // a heap block, and a mapping of its own
+    void* d = nullptr;
+    CHECK_OK(rt::malloc(0, &d, size));
+    std::vector<unsigned char> expected(size, 0xAB), back(size, 0);
+    CHECK_OK(rt::memcpy(d, expected.data(), size, rt::CopyKind::HostToDevice));
+    auto* p = static_cast<unsigned char*>(d);
+    const size_t start = 5, zeros = size - 17, tail = size / 2;
+    CHECK_OK(rt::memset(p + start, 0, zeros));  // ragged ends, whole pages between
+    std::fill(expected.begin() + start, expected.begin() + start + zeros, 0);
+    CHECK_OK(rt::memset(p + tail, 7, 100));
+    std::fill(expected.begin() + tail, expected.begin() + tail + 100, 7);
+    CHECK_OK(rt::memcpy(back.data(), d, size, rt::CopyKind::DeviceToHost));
+    CHECK(back == expected);
+    // Zeroed pages read zeros and take writes again.
+    CHECK_OK(rt::memcpy(p + size / 3, expected.data(), 64, rt::CopyKind::HostToDevice));
+    std::copy(expected.begin(), expected.begin() + 64, back.begin());
+    CHECK_OK(rt::memcpy(back.data() + 64, p + size / 3, 64, rt::CopyKind::DeviceToHost));
+    CHECK(std::equal(back.begin(), back.begin() + 64, back.begin() + 64));
+    CHECK_OK(rt::free(d));
+  }
+  CHECK(rt::memset(nullptr, 0, 16) == rt::Status::InvalidValue);
+  CHECK_OK(rt::memset(nullptr, 0, 0));  // nothing to set
 }
 
 struct Appender {
@@ -369,6 +396,7 @@ int main() {
   testDevices();
   testCapacity();
   testCopies();
+  testMemset();
   testLaunchAndStreamOrder();
   testAsyncErrors();
   testEvents();
