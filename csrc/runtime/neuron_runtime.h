@@ -42,7 +42,7 @@ const char* statusString(Status s);
 // raises the minor one. _C checks at load that the runtime it runs on has its major number and at
 // least its minor one (module.cpp), so a driver built against another interface is refused by name.
 constexpr int kApiVersionMajor = 1;
-constexpr int kApiVersionMinor = 0;
+constexpr int kApiVersionMinor = 1;  // 1: memset
 // The version the runtime was built with: major * 1000 + minor.
 int apiVersion();
 
