@@ -17,8 +17,9 @@
 // worker still holds (queued, running, or ended but not yet let go) alive to
 // the end of the process, so that no worker releases a tensor after that.
 //
-// A module of its own: ProcessGroupGloo.hpp needs gloo's names (gloo_declarations/).
-// gloo is built into the torch wheel; its names come from gloo_declarations/ (see the README there).
+// A module of its own (torchneuron._gloo_exit, not part of torchneuron._C):
+// ProcessGroupGloo.hpp needs gloo's headers, which the torch wheel does not
+// ship; gloo_declarations/ declares the names it uses (see the README there).
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
