@@ -177,7 +177,7 @@ def _settle_gloo_work_at_exit() -> None:
     process aborts ("terminate called without an active exception") after the program finished. Every
     process group outlives ``destroy_process_group()`` while DDP, FSDP or a DeviceMesh holds it, and
     lives to the end when the program never calls it. This waits until no worker is releasing anything
-    and keeps the works they still hold to the process's end (``csrc/distributed/exit.h``).
+    and keeps the works they still hold to the process's end (``csrc/distributed/exit.cpp``).
     """
     # The groups still registered (plain gloo ones too); the neuron backend's own are remembered
     # already, also once destroy_process_group() let go of them while something else holds them.
