@@ -18,9 +18,12 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# csrc/distributed/exit.cpp is a module of its own (torchneuron._gloo_exit): it needs gloo's names.
+GLOO_EXIT = os.path.join("csrc", "distributed", "exit.cpp")
 SOURCES = sorted(
     os.path.relpath(p, ROOT)
     for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
+    if os.path.relpath(p, ROOT) != GLOO_EXIT
 )
 # TORCHNEURON_DEBUG=1: a debug build (-O0 -g, NDEBUG undefined so PyTorch's and the runtime's
 # assertions are compiled in: csrc/runtime/checks.h), its objects kept apart from the release build's.
@@ -70,7 +73,15 @@ setup(
             # Kineto's headers (the profiler's PrivateUse1 extension point) include each other by bare name.
             include_dirs=[os.path.join(p, "kineto") for p in include_paths()],
             extra_compile_args={"cxx": COMPILE_ARGS},
-        )
+        ),
+        CppExtension(
+            "torchneuron._gloo_exit",
+            [GLOO_EXIT],
+            # gloo's names for ProcessGroupGloo.hpp, which the torch wheel ships without gloo's headers
+            # (csrc/distributed/gloo_declarations/README.md).
+            include_dirs=[os.path.join(ROOT, "csrc", "distributed", "gloo_declarations")],
+            extra_compile_args={"cxx": COMPILE_ARGS},
+        ),
     ],
     cmdclass={"build_ext": build_ext},
 )

@@ -20,6 +20,7 @@ imports, so there are only two: the scenarios that succeed, and the failures):
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -172,6 +173,23 @@ def test_fsdp2_meta_device_recipe_under_torchrun(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert out.count("FSDP META INIT OK") == WORLD_SIZE, out
+
+
+def test_exit_while_a_gloo_worker_holds_a_python_tensor_does_not_abort(tmp_path):
+    # Without the neuron backend's exit hook, rank 0 aborts here ("terminate called without an active
+    # exception", SIGABRT), as DDP crash-and-resume runs sometimes did at exit under load.
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "exit_while_gloo_works.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHNEURON_NUM_DEVICES="2", PYTHONWARNINGS="ignore",
+               GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), script],
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT * 2, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "terminate called" not in out, out
+    assert "rank 0 leaves" in out and "rank 1 sent" in out, out
+    # The broadcast was still held by gloo's worker when the hook ran: the abort's path was taken.
+    held = re.search(r"gloo's worker threads still held (\d+) work", out)
+    assert held and int(held.group(1)) >= 1, out
 
 
 def test_each_rank_uses_neuron_local_rank(monkeypatch):

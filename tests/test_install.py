@@ -83,13 +83,16 @@ cmd = dist.get_command_obj("build_ext")
 cmd.ensure_finalized()
 print(cmd.build_temp)
 print(*dist.ext_modules[0].sources)
+print(*dist.ext_modules[1].sources)
 """
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    build_temp, sources = out.stdout.strip().splitlines()[-2:]
+    build_temp, sources, gloo_exit = out.stdout.strip().splitlines()[-3:]
     assert pathlib.Path(build_temp).parent == ROOT / "build"
+    # Every C++ file is in torchneuron._C but csrc/distributed/exit.cpp, torchneuron._gloo_exit.
     expected = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*.cpp"))
-    assert sources.split() == expected
+    assert sources.split() + gloo_exit.split() == [p for p in expected if p != "csrc/distributed/exit.cpp"] + [
+        "csrc/distributed/exit.cpp"]
 
 
 @pytest.mark.parametrize("debug", ["0", "1"])

@@ -11,6 +11,7 @@ gloo backend as they would with ``"gloo"``.
 
 from __future__ import annotations
 
+import atexit
 import copyreg
 import itertools
 import logging
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroupGloo, _DistributedBackendOptions
 
-from .. import _C
+from .. import _C, _gloo_exit
 
 __all__ = ["BACKEND_NAME", "register", "register_kernels", "serve_neuron_tensors_with_gloo", "create_backend",
            "select_device"]
@@ -113,6 +114,7 @@ def create_backend(options: _DistributedBackendOptions, pg_options: Any = None) 
     backend.options.global_ranks_in_group = ranks or list(range(options.group_size))
     backend.options.group_name = options.group_id
     backend._set_sequence_number_for_group()
+    _gloo_exit.track_gloo_backend(backend)  # settled at exit: _settle_gloo_work_at_exit
     return backend
 
 
@@ -166,11 +168,49 @@ def serve_neuron_tensors_with_gloo() -> None:
     register_kernels()
 
 
+def _settle_gloo_work_at_exit() -> None:
+    """Before the interpreter finalises: no gloo worker thread releases a collective's tensors after this.
+
+    A gloo worker lets go of each collective's work after it ended. Releasing a tensor made in Python
+    takes the GIL; a worker that starts waiting for it while the main thread holds it into the
+    interpreter's finalisation is ended there by Python, inside PyTorch's noexcept release, and the
+    process aborts ("terminate called without an active exception") after the program finished. Every
+    process group outlives ``destroy_process_group()`` while DDP, FSDP or a DeviceMesh holds it, and
+    lives to the end when the program never calls it. This waits until no worker is releasing anything
+    and keeps the works they still hold to the process's end (``csrc/distributed/exit.cpp``).
+    """
+    # The groups still registered (plain gloo ones too); the neuron backend's own are remembered
+    # already, also once destroy_process_group() let go of them while something else holds them.
+    for pg in list(getattr(dist.distributed_c10d._world, "pg_map", {})):
+        for device in getattr(pg, "_device_types", []):
+            try:
+                _gloo_exit.track_gloo_backend(pg._get_backend(device))
+            except Exception:  # a backend this process cannot pass to C++: not gloo's
+                logger.debug("neuron backend: the %s backend of group %s is not tracked at exit", device,
+                             getattr(pg, "group_name", "?"), exc_info=True)
+    kept = _gloo_exit.settle_gloo_work_at_exit()
+    if kept < 0:
+        logger.warning("neuron backend: a gloo backend's worker state is not laid out as this torchneuron was "
+                       "built for; its collectives may still end during the interpreter's finalisation")
+    elif kept:
+        logger.debug("neuron backend: at exit, gloo's worker threads still held %d work(s); they are kept to "
+                     "the process's end", kept)
+
+
+_exit_hook_registered = False
+
+
 def register() -> None:
     """Register the ``neuron`` backend with ``torch.distributed`` (done by ``import torchneuron``)."""
     # split_group() (DeviceMesh of 2+ dimensions once init_process_group got a device_id) deep-copies
     # the parent backend's options, which gloo's cannot be: copyreg teaches copy how.
     copyreg.pickle(ProcessGroupGloo._Options, _reduce_gloo_options)
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        # Registered at import: exit hooks run last-registered first, so this one runs after those a
+        # program registers later (which may still run collectives), just before finalisation.
+        atexit.register(_settle_gloo_work_at_exit)
+        _exit_hook_registered = True
     serve_neuron_tensors_with_gloo()
     if dist.Backend.default_device_backend_map.get("neuron") == BACKEND_NAME:
         return
