@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("torchneuron", "torch_neuronx")
-EXTENSIONS = ("torchneuron._C",)  # compiled modules: leaves of the graph
+EXTENSIONS = ("torchneuron._C", "torchneuron._gloo_exit")  # compiled modules (setup.py): leaves of the graph
 
 KNOWN = {
     frozenset({"torchneuron.nki._core", "torchneuron.nki.isa", "torchneuron.nki.language"}):
@@ -107,6 +107,8 @@ def test_the_graph_sees_imports_of_every_form():
     assert "torchneuron.projection.counting" in graph["torchneuron.projection.model"]   # from pkg import submodule
     assert "torchneuron.projection" not in graph["torchneuron.projection.model"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    built = {"torchneuron." + p.name.split(".")[0] for p in (ROOT / "torchneuron").glob("*.so")}
+    assert built <= set(EXTENSIONS), f"compiled modules missing from EXTENSIONS: {sorted(built - set(EXTENSIONS))}"
 
 
 def test_no_python_import_circle():
