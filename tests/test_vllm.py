@@ -60,13 +60,18 @@ def _generate(spec: dict, **env: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny_llama")
-    proc = subprocess.run([sys.executable, str(DATA / "vllm_tiny_llama.py"), str(path)], capture_output=True,
+def _build_model(tmp_path_factory, name: str) -> str:
+    """The model directory tests/data/vllm_<name>.py builds."""
+    path = tmp_path_factory.mktemp(name)
+    proc = subprocess.run([sys.executable, str(DATA / f"vllm_{name}.py"), str(path)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return _build_model(tmp_path_factory, "tiny_llama")
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +164,7 @@ def test_tensor_parallel_2_equals_one_device(model_dir, neuron_eager):
 
 @pytest.fixture(scope="module")
 def mixtral_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny_mixtral")
-    proc = subprocess.run([sys.executable, str(DATA / "vllm_tiny_mixtral.py"), str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return str(path)
+    return _build_model(tmp_path_factory, "tiny_mixtral")
 
 
 def test_mixtral_greedy_equals_cpu_vllm_and_hf(mixtral_dir):

@@ -32,7 +32,6 @@ def save_tokenizer(root: Path):
 
 
 def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) -> str:
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     root = Path(directory)
@@ -42,14 +41,21 @@ def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4) ->
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
                          head_dim=hidden // heads, max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
+    return save_model(LlamaForCausalLM, config, root, hidden, "tests/data/vllm_tiny_llama.py")
+
+
+def save_model(model_class, config, root: Path, hidden: int, built_by: str) -> str:
+    """``model_class(config)`` with seeded random weights, saved into ``root`` as safetensors."""
+    import torch
+
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():  # larger weights than the default init: greedy tokens that vary with the prompt
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.2 * (128 / hidden) ** 0.5)
     model.save_pretrained(root, safe_serialization=True)
-    json.dump({"built_by": "tests/data/vllm_tiny_llama.py"}, open(root / "tiny.json", "w"))
+    json.dump({"built_by": built_by}, open(root / "tiny.json", "w"))
     return str(root)
 
 

@@ -5,17 +5,15 @@ Hugging Face model directory.
 ``python vllm_tiny_mixtral.py DIR``.
 """
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_tiny_llama import save_tokenizer  # noqa: E402
+from vllm_tiny_llama import save_model, save_tokenizer  # noqa: E402
 
 
 def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4, experts: int = 4) -> str:
-    import torch
     from transformers import MixtralConfig, MixtralForCausalLM
 
     root = Path(directory)
@@ -26,15 +24,7 @@ def build(directory: str, hidden: int = 128, layers: int = 2, heads: int = 4, ex
                            head_dim=hidden // heads, max_position_embeddings=512, num_local_experts=experts,
                            num_experts_per_tok=2, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                            torch_dtype="float32")
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(config)
-    with torch.no_grad():  # larger weights than the default init: greedy tokens that vary with the prompt
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2 * (128 / hidden) ** 0.5)
-    model.save_pretrained(root, safe_serialization=True)
-    json.dump({"built_by": "tests/data/vllm_tiny_mixtral.py"}, open(root / "tiny.json", "w"))
-    return str(root)
+    return save_model(MixtralForCausalLM, config, root, hidden, "tests/data/vllm_tiny_mixtral.py")
 
 
 if __name__ == "__main__":
