@@ -21,11 +21,25 @@ __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_s
 _TILE = (Tile, TileView)
 
 
-def _split_dst(args, kwargs, n_rest: int):
-    """(dst, remaining positional args): dst given by keyword, or first of n_rest + 1 positional tiles."""
+def _split_dst(args, kwargs, slots, what: str):
+    """(dst, remaining positional args) for both of NKI's calling forms.
+
+    ``slots`` are the earlier (dst-less) form's parameters as (name, kind), kind "tile" (a tile),
+    "any" (a tile or a scalar) or "other" (an op, an axis, a flag, an index expression). The NKI 0.6
+    form puts the output tile first (``dst``, positional or by keyword). A first positional tile is
+    that ``dst`` when the earlier form cannot take the arguments: a tile would land in a non-tile
+    parameter (an op), or there are more positional arguments than free parameters.
+    """
     if "dst" in kwargs:
         return kwargs.pop("dst"), list(args)
-    if len(args) == n_rest + 1 and isinstance(args[0], _TILE):
+    if not args or not isinstance(args[0], _TILE):
+        return None, list(args)
+    free = [kind for name, kind in slots if name not in kwargs]
+    if len(args) > len(free):
+        return args[0], list(args[1:])
+    if free and free[0] == "other":  # the earlier form starts with an op / an expression, never a tile
+        return args[0], list(args[1:])
+    if any(isinstance(a, _TILE) and kind == "other" for a, kind in zip(args, free)):
         return args[0], list(args[1:])
     return None, list(args)
 
@@ -45,6 +59,18 @@ def _take(rest, kwargs, names):
 def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=None, valid=None):
     if dst is None:
         dst = Tile(value.shape, dtype if dtype is not None else value.dtype, buffer)
+    elif isinstance(dst, _TILE):  # NKI 0.6: the result goes into dst, in dst's dtype and buffer
+        from ._core import _get
+
+        target = tuple(_get(dst.tile.data, dst.index).shape)
+        got = tuple(value.shape)
+        if got != target:
+            if value.numel() != dst.tile.data.new_empty(target).numel() or \
+                    [n for n in got if n != 1] != [n for n in target if n != 1]:
+                fail(ValueError, f"{what}: the result has shape {got} but dst has shape {target}")
+            value = value.reshape(target)
+            if valid is not None and valid.numel() == value.numel():
+                valid = valid.reshape(target)
     write(dst, value, what, mask, valid=valid)
     return dst
 
@@ -63,7 +89,7 @@ def nc_matmul(*args, **kwargs):
     """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
     (N <= 512), the result [M, N] in PSUM as float32. Into a PSUM ``dst`` it accumulates: the first
     matmul into a region writes it, later ones add to it."""
-    dst, rest = _split_dst(args, kwargs, 2)
+    dst, rest = _split_dst(args, kwargs, [("stationary", "tile"), ("moving", "tile")], "nc_matmul")
     stationary, moving = _take(rest, kwargs, ["stationary", "moving"])
     s, m = read(stationary, "nc_matmul (stationary)"), read(moving, "nc_matmul (moving)")
     if s.dim() != 2 or m.dim() != 2:
@@ -130,7 +156,7 @@ def nc_matmul(*args, **kwargs):
 @instruction
 def nc_transpose(*args, **kwargs):
     """The transpose of a [P, F] tile (P, F <= 128) through TensorE, into PSUM."""
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("data", "tile")], "nc_transpose")
     (data,) = _take(rest, kwargs, ["data"])
     x = read(data, "nc_transpose")
     if x.dim() != 2 or x.shape[1] > hw.PMAX:
@@ -143,7 +169,8 @@ def nc_transpose(*args, **kwargs):
 @instruction
 def activation(*args, **kwargs):
     """ScalarE: op(data * scale + bias), bias a [P, 1] tile (or a scalar), scale a scalar or [P, 1] tile."""
-    dst, rest = _split_dst(args, kwargs, 2)
+    dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("bias", "any"), ("scale", "any")],
+                           "activation")
     op, data = _take(rest, kwargs, ["op", "data"])
     bias, scale, dtype = kwargs.pop("bias", None), kwargs.pop("scale", 1.0), kwargs.pop("dtype", None)
     x = read(data, "activation").float()
@@ -162,7 +189,7 @@ def activation(*args, **kwargs):
 @instruction
 def tensor_tensor(*args, **kwargs):
     """VectorE: op(data1, data2) elementwise over two tiles of one shape."""
-    dst, rest = _split_dst(args, kwargs, 3)
+    dst, rest = _split_dst(args, kwargs, [("data1", "tile"), ("data2", "tile"), ("op", "other")], "tensor_tensor")
     data1, data2, op = _take(rest, kwargs, ["data1", "data2", "op"])
     a, b = read(data1, "tensor_tensor"), read(data2, "tensor_tensor")
     if a.shape != b.shape:
@@ -176,7 +203,9 @@ def tensor_tensor(*args, **kwargs):
 @instruction
 def tensor_scalar(*args, **kwargs):
     """VectorE: op1(op0(data, operand0), operand1), each operand a scalar or a [P, 1] tile."""
-    dst, rest = _split_dst(args, kwargs, 3)
+    dst, rest = _split_dst(args, kwargs, [("data", "tile"), ("op0", "other"), ("operand0", "any"),
+                                         ("reverse0", "other"), ("op1", "other"), ("operand1", "any"),
+                                         ("reverse1", "other")], "tensor_scalar")
     data, op0, operand0 = _take(rest, kwargs, ["data", "op0", "operand0"])
     x = read(data, "tensor_scalar").float()
 
@@ -199,25 +228,39 @@ def tensor_scalar(*args, **kwargs):
 @instruction
 def tensor_reduce(*args, **kwargs):
     """VectorE: reduce ``data`` with ``op`` (nl.add, nl.maximum, nl.minimum, nl.multiply) along free axes."""
-    dst, rest = _split_dst(args, kwargs, 3)
+    dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("axis", "other"), ("negate", "other"),
+                                         ("keepdims", "other")], "tensor_reduce")
     op, data, axis = _take(rest, kwargs, ["op", "data", "axis"])
     fn = nl.REDUCE_OPS.get(op)
     if fn is None:
         fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
                                   f"nl.minimum or nl.multiply)")
     keepdims, negate = kwargs.pop("keepdims", False), kwargs.pop("negate", False)
-    out = fn(data, axis, keepdims=keepdims)
+    mask = kwargs.pop("mask", None)
+    out = fn(data, axis, keepdims=keepdims, mask=mask)
     y = read(out, "tensor_reduce")
     if negate:
         y = -y
+    valid, active = defined(out), None
+    if mask is not None:  # the outputs with no masked-in input are left as they were
+        from ._core import IndexExpr
+
+        x = read(data, "tensor_reduce")
+        active = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=x.device).expand(x.shape)
+        for a in sorted(((axis,) if isinstance(axis, int) else tuple(axis)), key=lambda a: a % x.dim(), reverse=True):
+            active = active.any(a % x.dim(), keepdim=keepdims)
+        if valid is not None:
+            valid = valid | ~active
+        if bool(active.all()):
+            active = None
     return _deliver(dst, y, "tensor_reduce", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
-                    valid=defined(out))
+                    mask=active, valid=valid)
 
 
 @instruction
 def tensor_copy(*args, **kwargs):
     """A copy between on-chip tiles (PSUM -> SBUF, or a cast)."""
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("src", "tile")], "tensor_copy")
     (src,) = _take(rest, kwargs, ["src"])
     x = read(src, "tensor_copy")
     nl.charge_vector("tensor_copy", x.shape, 1, x.dtype)
@@ -227,7 +270,7 @@ def tensor_copy(*args, **kwargs):
 
 @instruction
 def memset(*args, **kwargs):
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("value", "other")], "memset")
     (value,) = _take(rest, kwargs, ["value"])
     if dst is None:
         fail(ValueError, "memset needs dst=")
@@ -239,7 +282,7 @@ def memset(*args, **kwargs):
 @instruction
 def iota(*args, **kwargs):
     """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
-    dst, rest = _split_dst(args, kwargs, 2)
+    dst, rest = _split_dst(args, kwargs, [("expr", "other"), ("dtype", "other")], "iota")
     expr, dtype = _take(rest, kwargs, ["expr", "dtype"])
     from ._core import IndexExpr
 
@@ -253,7 +296,7 @@ def iota(*args, **kwargs):
 @instruction
 def dma_copy(*args, **kwargs):
     """A DMA: HBM -> SBUF, SBUF -> HBM, or between on-chip tiles."""
-    dst, rest = _split_dst(args, kwargs, 1) if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
+    dst, rest = _split_dst(args, kwargs, [("src", "tile")], "dma_copy") if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
     (src,) = _take(rest, kwargs, ["src"])
     if dst is None:
         fail(ValueError, "dma_copy needs dst= and src=")
@@ -305,7 +348,8 @@ def affine_select(*args, **kwargs):
                              f"{tuple(x.shape)} has {x[0].numel()}")
         pred = _torch_op(cmp_op, "affine_select")(value, 0).reshape(x.shape)
     else:
-        dst, rest = _split_dst(args, kwargs, 3)
+        dst, rest = _split_dst(args, kwargs, [("pred", "other"), ("on_true_tile", "tile"), ("on_false_value", "other")],
+                               "affine_select")
         pred, on_true, on_false = _take(rest, kwargs, ["pred", "on_true_tile", "on_false_value"])
         x = read(on_true, "affine_select")
         pred = pred.tensor if isinstance(pred, IndexExpr) else torch.as_tensor(pred, device=x.device)

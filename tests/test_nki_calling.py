@@ -1,0 +1,198 @@
+"""nki.isa's two calling forms (NKI 0.6's destination first, written in place; the earlier one returning a
+new tile) against PyTorch on the CPU, masked reductions, and the errors of wrong calls."""
+
+import pytest
+import torch
+
+import torchneuron  # noqa: F401
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+
+def _close(got, want, **tol):
+    torch.testing.assert_close(got.cpu(), want.cpu(), **tol)
+
+
+def _kernel(body, out_shape):
+    """A kernel loading x [P, F] (and y), running ``body(x_tile, y_tile) -> tile`` and storing the tile."""
+
+    @nki.jit
+    def kernel(x, y):
+        out = nl.ndarray(out_shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        b = nl.ndarray(y.shape, dtype=y.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a, src=x)
+        nisa.dma_copy(dst=b, src=y)
+        nisa.dma_copy(dst=out, src=body(a, b))
+        return out
+
+    return kernel
+
+
+def _sbuf(shape, dtype=torch.float32):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+P, F = 128, 64
+FORMS = {
+    # instruction: (NKI 0.6 positional dst, NKI 0.6 keyword dst, the earlier returning form, torch reference)
+    "tensor_scalar": (
+        lambda a, b: _ret(lambda d: nisa.tensor_scalar(d, a, op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=1.5)),
+        lambda a, b: _ret(lambda d: nisa.tensor_scalar(dst=d, data=a, op0=nl.subtract, operand0=b[:, 0:1],
+                                                       reverse0=True)),
+        lambda a, b: nisa.tensor_scalar(a, nl.multiply, 2.0, op1=nl.add, operand1=1.5),
+        lambda x, y: (x * 2.0 + 1.5, y[:, 0:1] - x, x * 2.0 + 1.5)),
+    "tensor_tensor": (
+        lambda a, b: _ret(lambda d: nisa.tensor_tensor(d, a, b, nl.multiply)),
+        lambda a, b: _ret(lambda d: nisa.tensor_tensor(dst=d, data1=a, data2=b, op=nl.subtract)),
+        lambda a, b: nisa.tensor_tensor(a, b, op=nl.maximum),
+        lambda x, y: (x * y, x - y, torch.maximum(x, y))),
+    "activation": (
+        lambda a, b: _ret(lambda d: nisa.activation(d, nl.exp, a, scale=0.5)),
+        lambda a, b: _ret(lambda d: nisa.activation(dst=d, op=nl.tanh, data=a, bias=b[:, 0:1])),
+        lambda a, b: nisa.activation(nl.exp, a, scale=0.5),
+        lambda x, y: (torch.exp(x * 0.5), torch.tanh(x + y[:, 0:1]), torch.exp(x * 0.5))),
+}
+
+
+def _ret(call):
+    """Run an NKI 0.6 call into a fresh SBUF tile; the call's return (dst, or nothing) must not matter."""
+    d = _sbuf((P, F))
+    out = call(d)
+    assert out is None or out is d or out.tile is d.tile
+    return d
+
+
+@pytest.mark.parametrize("instr", sorted(FORMS))
+@pytest.mark.parametrize("form", [0, 1, 2])
+def test_both_calling_forms_equal_torch(instr, form):
+    x, y = torch.randn(P, F, device="neuron"), torch.randn(P, F, device="neuron")
+    got = _kernel(FORMS[instr][form], (P, F))(x, y)
+    _close(got, FORMS[instr][3](x.cpu(), y.cpu())[form], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["positional", "keyword", "earlier"])
+def test_tensor_reduce_both_forms_equal_torch(form):
+    def body(a, b):
+        if form == "earlier":
+            return nisa.tensor_reduce(nl.add, a, axis=1, keepdims=True)
+        d = _sbuf((P, 1))
+        if form == "positional":
+            nisa.tensor_reduce(d, nl.maximum, a, 1, negate=True, keepdims=True)
+        else:
+            nisa.tensor_reduce(dst=d, op=nl.add, data=a, axis=[1])
+        return d
+
+    x = torch.randn(P, F, device="neuron")
+    want = -x.cpu().amax(1, keepdim=True) if form == "positional" else x.cpu().sum(1, keepdim=True)
+    _close(_kernel(body, (P, 1))(x, x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["positional", "keyword", "earlier"])
+def test_iota_both_forms_equal_torch(form):
+    def body(a, b):
+        expr = nl.arange(F)[None, :] + 0 * nl.arange(P)[:, None]
+        if form == "earlier":
+            return nisa.iota(expr, dtype=nl.float32)
+        d = _sbuf((P, F))
+        nisa.iota(d, expr) if form == "positional" else nisa.iota(dst=d, expr=expr)
+        return d
+
+    x = torch.zeros(P, F, device="neuron")
+    _close(_kernel(body, (P, F))(x, x), torch.arange(F, dtype=torch.float32).expand(P, F))
+
+
+def test_dst_form_keeps_the_dst_dtype_and_psum_buffer():
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=torch.bfloat16, buffer=nl.shared_hbm)
+        a = _sbuf(x.shape)
+        nisa.dma_copy(dst=a, src=x)
+        p = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.psum)
+        nisa.tensor_scalar(p, a, op0=nl.add, operand0=1.0)
+        assert p.buffer is nl.psum
+        s = _sbuf(x.shape, torch.bfloat16)
+        nisa.tensor_copy(s, p)
+        assert s.dtype == torch.bfloat16
+        nisa.dma_copy(dst=out, src=s)
+        return out
+
+    x = torch.randn(P, F, device="neuron")
+    _close(kernel(x), (x.cpu() + 1.0).bfloat16())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d, a: nisa.tensor_scalar(d, a, op0=nl.add, operand0=1.0), "tensor_scalar: the result has shape"),
+    (lambda d, a: nisa.tensor_tensor(d, a, a, nl.add), "tensor_tensor: the result has shape"),
+    (lambda d, a: nisa.activation(d, nl.exp, a), "activation: the result has shape"),
+    (lambda d, a: nisa.tensor_reduce(d, nl.add, a, 1), "tensor_reduce: the result has shape"),
+])
+def test_dst_of_the_wrong_shape_raises(call, message):
+    @nki.jit
+    def kernel(x):
+        a = _sbuf(x.shape)
+        nisa.dma_copy(dst=a, src=x)
+        call(_sbuf((P, 3)), a)
+        return x
+
+    with pytest.raises(ValueError, match=message):
+        kernel(torch.randn(P, F, device="neuron"))
+
+
+@pytest.mark.parametrize("name, ref", [("sum", lambda t, m: (t * m).sum(1, keepdim=True)),
+                                       ("max", lambda t, m: t.masked_fill(~m, float("-inf")).amax(1, keepdim=True)),
+                                       ("min", lambda t, m: t.masked_fill(~m, float("inf")).amin(1, keepdim=True)),
+                                       ("mean", lambda t, m: (t * m).sum(1, keepdim=True) / m.sum(1, keepdim=True))])
+def test_masked_reduction_runs_over_the_masked_in_elements(name, ref):
+    n = 40  # only the first 40 columns of each row
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((P, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:P, 0:F]
+        a = nl.load(x[i_p, i_f])
+        r = getattr(nl, name)(a[i_p, i_f], axis=1, keepdims=True, mask=(i_f < n))
+        nl.store(out, value=r)
+        return out
+
+    x = torch.randn(P, F, device="neuron")
+    m = torch.arange(F)[None, :].expand(P, F) < n
+    _close(kernel(x), ref(x.cpu(), m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["earlier", "dst"])
+def test_masked_tensor_reduce_partitions_and_free(form):
+    rows, n = 100, 17  # partitions below 100, columns below 17: the other outputs are left as they were
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((P, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:P, 0:F]
+        a = nl.load(x)
+        mask = (i_p < rows) & (i_f < n)
+        d = _sbuf((P, 1))
+        nisa.memset(d, -7.0)
+        if form == "dst":
+            nisa.tensor_reduce(d, nl.add, a, 1, keepdims=True, mask=mask)
+        else:
+            r = nisa.tensor_reduce(nl.add, a, axis=1, keepdims=True, mask=mask)
+            nisa.tensor_copy(dst=d[0:rows, :], src=r[0:rows, :])
+        nl.store(out, value=d)
+        return out
+
+    x = torch.randn(P, F, device="neuron")
+    want = torch.full((P, 1), -7.0)
+    want[:rows] = x.cpu()[:rows, :n].sum(1, keepdim=True)
+    _close(kernel(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_mask_of_another_shape_is_a_clear_error():
+    @nki.jit
+    def kernel(x):
+        a = nl.load(x)
+        nl.sum(a, axis=1, mask=nl.arange(5)[None, :] < 3)
+        return x
+
+    with pytest.raises(ValueError, match="nl.sum: a mask of shape"):
+        kernel(torch.randn(P, F, device="neuron"))
