@@ -196,3 +196,42 @@ def test_mask_of_another_shape_is_a_clear_error():
 
     with pytest.raises(ValueError, match="nl.sum: a mask of shape"):
         kernel(torch.randn(P, F, device="neuron"))
+
+
+def test_positional_optional_parameters_in_both_forms():
+    """reverse0/op1/operand1 (tensor_scalar), bias/scale (activation), negate/keepdims (tensor_reduce) by position."""
+
+    def body(a, b):
+        d = _sbuf((P, F))
+        nisa.tensor_scalar(d, a, nl.subtract, 1.0, True, nl.multiply, 3.0)  # (1 - a) * 3
+        e = nisa.tensor_scalar(a, nl.subtract, 1.0, True, nl.multiply, 3.0)
+        f = nisa.tensor_tensor(d, e, nl.add)
+        g = _sbuf((P, F))
+        nisa.activation(g, nl.exp, f, b[:, 0:1], 0.25)  # exp(f * 0.25 + b0)
+        h = _sbuf((P, 1))
+        nisa.tensor_reduce(h, nl.add, g, 1, True, True)  # -sum
+        return h
+
+    x, y = torch.randn(P, F, device="neuron"), torch.randn(P, F, device="neuron")
+    xc, yc = x.cpu(), y.cpu()
+    f = 2 * ((1 - xc) * 3)
+    want = -torch.exp(f * 0.25 + yc[:, 0:1]).sum(1, keepdim=True)
+    _close(_kernel(body, (P, 1))(x, y), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("call, kind, message", [
+    (lambda d, a: nisa.tensor_scalar(d, a, op0=nl.add), TypeError, "tensor_scalar: missing the argument 'operand0'"),
+    (lambda d, a: nisa.tensor_tensor(a, a, a), TypeError, "tensor_tensor: missing the argument 'op'"),
+    (lambda d, a: nisa.tensor_scalar(a, d, 1.0), TypeError, "tensor_scalar: missing the argument 'operand0'"),
+    (lambda d, a: nisa.activation(d, a, nl.exp), TypeError, "activation: a tile"),
+])
+def test_wrong_calls_are_clear_errors(call, kind, message):
+    @nki.jit
+    def kernel(x):
+        a = _sbuf(x.shape)
+        nisa.dma_copy(dst=a, src=x)
+        call(_sbuf(x.shape), a)
+        return x
+
+    with pytest.raises(kind, match=message):
+        kernel(torch.randn(P, F, device="neuron"))

@@ -75,7 +75,17 @@ def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=
     return dst
 
 
+def _required(what: str, **values):
+    """A TypeError naming the first required parameter that was not given."""
+    for name, value in values.items():
+        if value is None:
+            fail(TypeError, f"{what}: missing the argument {name!r}")
+
+
 def _torch_op(op, what: str):
+    if isinstance(op, _TILE):
+        fail(TypeError, f"{what}: a tile {op!r} where an op (nl.add ...) goes; the output tile goes first "
+                        f"({what}(dst, ...)) or as dst=")
     fn = getattr(op, "torch_fn", None)
     if fn is None:
         if callable(op) and getattr(op, "__module__", "").startswith("torch"):
@@ -171,15 +181,17 @@ def activation(*args, **kwargs):
     """ScalarE: op(data * scale + bias), bias a [P, 1] tile (or a scalar), scale a scalar or [P, 1] tile."""
     dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("bias", "any"), ("scale", "any")],
                            "activation")
-    op, data = _take(rest, kwargs, ["op", "data"])
-    bias, scale, dtype = kwargs.pop("bias", None), kwargs.pop("scale", 1.0), kwargs.pop("dtype", None)
+    op, data, bias, scale = _take(rest, kwargs, ["op", "data", "bias", "scale"])
+    _required("activation", op=op, data=data)
+    scale, dtype = 1.0 if scale is None else scale, kwargs.pop("dtype", None)
+    fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
     y = x * (s.float() if isinstance(s, torch.Tensor) else s)
     if bias is not None:
         b = read(bias, "activation (bias)")
         y = y + (b.float() if isinstance(b, torch.Tensor) else b)
-    y = _torch_op(op, "activation")(y)
+    y = fn(y)
     nl.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
     return _deliver(dst, y, "activation", dtype if dtype is not None else (data.dtype if dst is None else None),
@@ -191,6 +203,7 @@ def tensor_tensor(*args, **kwargs):
     """VectorE: op(data1, data2) elementwise over two tiles of one shape."""
     dst, rest = _split_dst(args, kwargs, [("data1", "tile"), ("data2", "tile"), ("op", "other")], "tensor_tensor")
     data1, data2, op = _take(rest, kwargs, ["data1", "data2", "op"])
+    _required("tensor_tensor", data1=data1, data2=data2, op=op)
     a, b = read(data1, "tensor_tensor"), read(data2, "tensor_tensor")
     if a.shape != b.shape:
         fail(ValueError, f"tensor_tensor: tiles of shapes {tuple(a.shape)} and {tuple(b.shape)}; they must match")
@@ -206,7 +219,9 @@ def tensor_scalar(*args, **kwargs):
     dst, rest = _split_dst(args, kwargs, [("data", "tile"), ("op0", "other"), ("operand0", "any"),
                                          ("reverse0", "other"), ("op1", "other"), ("operand1", "any"),
                                          ("reverse1", "other")], "tensor_scalar")
-    data, op0, operand0 = _take(rest, kwargs, ["data", "op0", "operand0"])
+    data, op0, operand0, reverse0, op1, operand1, reverse1 = _take(
+        rest, kwargs, ["data", "op0", "operand0", "reverse0", "op1", "operand1", "reverse1"])
+    _required("tensor_scalar", data=data, op0=op0, operand0=operand0)
     x = read(data, "tensor_scalar").float()
 
     def apply(v, op, operand, reverse):
@@ -215,11 +230,12 @@ def tensor_scalar(*args, **kwargs):
         fn = _torch_op(op, "tensor_scalar")
         return fn(torch.as_tensor(o, device=v.device), v) if reverse else fn(v, o)
 
-    y = apply(x, op0, operand0, kwargs.pop("reverse0", False))
+    y = apply(x, op0, operand0, bool(reverse0))
     masks = [defined(data), defined(operand0)]
-    if kwargs.get("op1") is not None:
-        masks.append(defined(kwargs.get("operand1")))
-        y = apply(y, kwargs.pop("op1"), kwargs.pop("operand1"), kwargs.pop("reverse1", False))
+    if op1 is not None:
+        _required("tensor_scalar", operand1=operand1)
+        masks.append(defined(operand1))
+        y = apply(y, op1, operand1, bool(reverse1))
     nl.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
     return _deliver(dst, y, "tensor_scalar", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
                     valid=both(tuple(x.shape), *masks))
@@ -230,12 +246,13 @@ def tensor_reduce(*args, **kwargs):
     """VectorE: reduce ``data`` with ``op`` (nl.add, nl.maximum, nl.minimum, nl.multiply) along free axes."""
     dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("axis", "other"), ("negate", "other"),
                                          ("keepdims", "other")], "tensor_reduce")
-    op, data, axis = _take(rest, kwargs, ["op", "data", "axis"])
+    op, data, axis, negate, keepdims = _take(rest, kwargs, ["op", "data", "axis", "negate", "keepdims"])
+    _required("tensor_reduce", op=op, data=data, axis=axis)
     fn = nl.REDUCE_OPS.get(op)
     if fn is None:
         fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
                                   f"nl.minimum or nl.multiply)")
-    keepdims, negate = kwargs.pop("keepdims", False), kwargs.pop("negate", False)
+    keepdims, negate = bool(keepdims), bool(negate)
     mask = kwargs.pop("mask", None)
     out = fn(data, axis, keepdims=keepdims, mask=mask)
     y = read(out, "tensor_reduce")
@@ -284,6 +301,7 @@ def iota(*args, **kwargs):
     """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
     dst, rest = _split_dst(args, kwargs, [("expr", "other"), ("dtype", "other")], "iota")
     expr, dtype = _take(rest, kwargs, ["expr", "dtype"])
+    _required("iota", expr=expr)
     from ._core import IndexExpr
 
     values = expr.tensor if isinstance(expr, IndexExpr) else torch.as_tensor(expr)
