@@ -235,3 +235,30 @@ def test_wrong_calls_are_clear_errors(call, kind, message):
 
     with pytest.raises(kind, match=message):
         kernel(torch.randn(P, F, device="neuron"))
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_iota_pattern_form_equal_torch(keyword):
+    """NKI 0.6's iota(dst, pattern, offset, channel_multiplier): offset + p * multiplier + sum(step_i * j_i)."""
+
+    def body(a, b):
+        d = _sbuf((P, 4, 16))
+        if keyword:
+            nisa.iota(dst=d, pattern=[[16, 4], [1, 16]], offset=3, channel_multiplier=-2)
+        else:
+            nisa.iota(d, [[16, 4], [1, 16]], 3, -2)
+        return d
+
+    x = torch.zeros(P, 4, 16, device="neuron")
+    want = 3 - 2 * torch.arange(P)[:, None, None] + 16 * torch.arange(4)[None, :, None] + torch.arange(16)[None, None, :]
+    _close(_kernel(body, (P, 4, 16))(x, x), want.float())
+
+
+def test_iota_pattern_of_the_wrong_size_raises():
+    @nki.jit
+    def kernel(x):
+        nisa.iota(_sbuf((P, F)), [[1, F + 1]], 0)
+        return x
+
+    with pytest.raises(ValueError, match="iota: the pattern"):
+        kernel(torch.zeros(P, F, device="neuron"))

@@ -300,6 +300,8 @@ def memset(*args, **kwargs):
 def iota(*args, **kwargs):
     """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
     dst, rest = _split_dst(args, kwargs, [("expr", "other"), ("dtype", "other")], "iota")
+    if dst is not None and ("pattern" in kwargs or (rest and isinstance(rest[0], (list, tuple)))):
+        return _iota_pattern(dst, rest, kwargs)
     expr, dtype = _take(rest, kwargs, ["expr", "dtype"])
     _required("iota", expr=expr)
     from ._core import IndexExpr
@@ -309,6 +311,38 @@ def iota(*args, **kwargs):
         values = values[None, :]
     nl.charge_vector("iota", values.shape, 0, dtype or torch.int32, "GpSimd")
     return _deliver(dst, values.to(run().device), "iota", dtype or torch.int32)
+
+
+def _iota_pattern(dst, rest, kwargs):
+    """NKI 0.6's ``iota(dst, pattern, offset, channel_multiplier=0)``: at partition p and free position
+    (j_0, j_1, ...) the value offset + p * channel_multiplier + sum(step_i * j_i), pattern [[step_i, num_i], ...]."""
+    pattern, offset, multiplier = _take(rest, kwargs, ["pattern", "offset", "channel_multiplier"])
+    _required("iota", pattern=pattern, offset=offset)
+    if not isinstance(dst, _TILE):
+        fail(TypeError, f"iota: dst must be an SBUF tile, got {type(dst).__name__}")
+    if dst.buffer is not sbuf:
+        fail(ValueError, "iota writes its result to an SBUF tile")
+    from ._core import _get
+
+    shape = tuple(_get(dst.tile.data, dst.index).shape)
+    device = run().device
+    values = torch.full((shape[0],) + (1,) * len(pattern), int(offset), dtype=torch.int64, device=device)
+    values = values + torch.arange(shape[0], device=device).reshape((-1,) + (1,) * len(pattern)) * int(multiplier or 0)
+    for axis, (step, num) in enumerate(pattern):
+        view = [1] * (len(pattern) + 1)
+        view[axis + 1] = int(num)
+        values = values + torch.arange(int(num), device=device).reshape(view) * int(step)
+    values = values.reshape(shape[0], -1)
+    per_partition = 1
+    for n in shape[1:]:
+        per_partition *= n
+    if values.shape[1] != per_partition:
+        fail(ValueError, f"iota: the pattern {pattern} makes {values.shape[1]} values per partition, dst of shape "
+                         f"{shape} has {per_partition}")
+    values = values.to(torch.int32).reshape(shape)  # 32-bit integer math, cast to dst's dtype on the write
+    nl.charge_vector("iota", shape, 0, dst.dtype, "GpSimd")
+    write(dst, values, "iota")
+    return dst
 
 
 @instruction
