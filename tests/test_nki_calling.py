@@ -262,3 +262,41 @@ def test_iota_pattern_of_the_wrong_size_raises():
 
     with pytest.raises(ValueError, match="iota: the pattern"):
         kernel(torch.zeros(P, F, device="neuron"))
+
+
+@pytest.mark.parametrize("instr", ["tensor_scalar", "tensor_tensor", "activation", "tensor_copy"])
+def test_mask_of_an_elementwise_instruction_leaves_the_rest_of_dst(instr):
+    n = 24
+
+    def body(a, b):
+        i_p, i_f = nl.mgrid[0:P, 0:F]
+        d = _sbuf((P, F))
+        nisa.memset(d, 5.0)
+        m = i_f < n
+        if instr == "tensor_scalar":
+            nisa.tensor_scalar(d, a, op0=nl.add, operand0=1.0, mask=m)
+        elif instr == "tensor_tensor":
+            nisa.tensor_tensor(d, a, b, nl.add, mask=m)
+        elif instr == "activation":
+            nisa.activation(d, nl.exp, a, mask=m)
+        else:
+            nisa.tensor_copy(d, a, mask=m)
+        return d
+
+    x, y = torch.randn(P, F, device="neuron"), torch.randn(P, F, device="neuron")
+    xc, yc = x.cpu(), y.cpu()
+    full = {"tensor_scalar": xc + 1.0, "tensor_tensor": xc + yc, "activation": torch.exp(xc), "tensor_copy": xc}[instr]
+    want = torch.where(torch.arange(F)[None, :] < n, full, torch.full_like(full, 5.0))
+    _close(_kernel(body, (P, F))(x, y), want, rtol=1e-5, atol=1e-5)
+
+
+def test_activation_reduction_is_a_clear_error():
+    @nki.jit
+    def kernel(x):
+        a = _sbuf(x.shape)
+        nisa.dma_copy(dst=a, src=x)
+        nisa.activation(_sbuf(x.shape), nl.exp, a, reduce_op=nl.add, reduce_res=_sbuf((P, 1)))
+        return x
+
+    with pytest.raises(NotImplementedError, match="activation: reduce_op/reduce_res"):
+        kernel(torch.randn(P, F, device="neuron"))

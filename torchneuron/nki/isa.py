@@ -184,6 +184,9 @@ def activation(*args, **kwargs):
     op, data, bias, scale = _take(rest, kwargs, ["op", "data", "bias", "scale"])
     _required("activation", op=op, data=data)
     scale, dtype = 1.0 if scale is None else scale, kwargs.pop("dtype", None)
+    if kwargs.get("reduce_op") is not None or kwargs.get("reduce_res") is not None:
+        fail(NotImplementedError, "activation: reduce_op/reduce_res (the activation's reduction) is not supported "
+                                  "here; reduce the result with nisa.tensor_reduce")
     fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
@@ -195,7 +198,7 @@ def activation(*args, **kwargs):
     nl.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
     return _deliver(dst, y, "activation", dtype if dtype is not None else (data.dtype if dst is None else None),
-                    valid=valid)
+                    valid=valid, mask=kwargs.pop("mask", None))
 
 
 @instruction
@@ -210,7 +213,7 @@ def tensor_tensor(*args, **kwargs):
     y = _torch_op(op, "tensor_tensor")(a.float(), b.float())
     nl.charge_vector("tensor_tensor", a.shape, 2, a.dtype)
     return _deliver(dst, y, "tensor_tensor", kwargs.pop("dtype", None) or (data1.dtype if dst is None else None),
-                    valid=both(tuple(a.shape), defined(data1), defined(data2)))
+                    valid=both(tuple(a.shape), defined(data1), defined(data2)), mask=kwargs.pop("mask", None))
 
 
 @instruction
@@ -238,7 +241,7 @@ def tensor_scalar(*args, **kwargs):
         y = apply(y, op1, operand1, bool(reverse1))
     nl.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
     return _deliver(dst, y, "tensor_scalar", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
-                    valid=both(tuple(x.shape), *masks))
+                    valid=both(tuple(x.shape), *masks), mask=kwargs.pop("mask", None))
 
 
 @instruction
@@ -282,7 +285,7 @@ def tensor_copy(*args, **kwargs):
     x = read(src, "tensor_copy")
     nl.charge_vector("tensor_copy", x.shape, 1, x.dtype)
     return _deliver(dst, x, "tensor_copy", kwargs.pop("dtype", None) or (src.dtype if dst is None else None),
-                    valid=defined(src))
+                    valid=defined(src), mask=kwargs.pop("mask", None))
 
 
 @instruction
