@@ -250,7 +250,8 @@ def test_iota_pattern_form_equal_torch(keyword):
         return d
 
     x = torch.zeros(P, 4, 16, device="neuron")
-    want = 3 - 2 * torch.arange(P)[:, None, None] + 16 * torch.arange(4)[None, :, None] + torch.arange(16)[None, None, :]
+    want = (3 - 2 * torch.arange(P)[:, None, None] + 16 * torch.arange(4)[None, :, None]
+            + torch.arange(16)[None, None, :])
     _close(_kernel(body, (P, 4, 16))(x, x), want.float())
 
 
@@ -300,3 +301,29 @@ def test_activation_reduction_is_a_clear_error():
 
     with pytest.raises(NotImplementedError, match="activation: reduce_op/reduce_res"):
         kernel(torch.randn(P, F, device="neuron"))
+
+
+def test_masked_reduction_in_a_custom_op_under_compile():
+    """The fake kernel (shapes only) of a masked reduction: no data-dependent decision on fake tensors."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((P, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:P, 0:F]
+        a = nl.load(x)
+        r = nl.sum(a[i_p, i_f], axis=1, keepdims=True, mask=(i_f < 40))
+        d = _sbuf((P, 1))
+        nisa.tensor_reduce(d, nl.add, a, 1, keepdims=True, mask=(i_f < 40))
+        nl.store(out, value=nl.add(r, d))
+        return out
+
+    @nki.nki_op("nkitest::masked_sum", mutates_args=())
+    def masked_sum(x: torch.Tensor) -> torch.Tensor:
+        return kernel(x)
+
+    x = torch.randn(P, F, device="neuron")
+    want = 2 * x.cpu()[:, :40].sum(1, keepdim=True)
+    _close(masked_sum(x), want, rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(masked_sum, (x,))
+    compiled = torch.compile(lambda x: masked_sum(x) * 2, fullgraph=True, backend="neuron")
+    _close(compiled(x), want * 2, rtol=1e-5, atol=1e-5)

@@ -13,7 +13,8 @@ import torch
 
 from . import _hardware as hw
 from . import language as nl
-from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, instruction, psum, read, run, sbuf, write
+from ._core import (HbmTensor, HbmView, Tile, TileView, _fake, both, defined, fail, instruction, psum, read, run, sbuf,
+                    write)
 
 __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
            "tensor_copy", "iota", "dma_copy", "memset", "affine_select"]
@@ -271,7 +272,7 @@ def tensor_reduce(*args, **kwargs):
             active = active.any(a % x.dim(), keepdim=keepdims)
         if valid is not None:
             valid = valid | ~active
-        if bool(active.all()):
+        if not _fake(active) and bool(active.all()):
             active = None
     return _deliver(dst, y, "tensor_reduce", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
                     mask=active, valid=valid)
@@ -351,7 +352,10 @@ def _iota_pattern(dst, rest, kwargs):
 @instruction
 def dma_copy(*args, **kwargs):
     """A DMA: HBM -> SBUF, SBUF -> HBM, or between on-chip tiles."""
-    dst, rest = _split_dst(args, kwargs, [("src", "tile")], "dma_copy") if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
+    if "dst" in kwargs:
+        dst, rest = _split_dst(args, kwargs, [("src", "tile")], "dma_copy")
+    else:
+        dst, rest = (args[0] if args else None), list(args[1:])
     (src,) = _take(rest, kwargs, ["src"])
     if dst is None:
         fail(ValueError, "dma_copy needs dst= and src=")

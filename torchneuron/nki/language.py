@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import _hardware as hw
-from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm, hbm_parts,
+from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, _fake, both, defined, fail, hbm, hbm_parts,
                     instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
                     shared_hbm, write)
 
@@ -378,7 +378,7 @@ def _reduction(fn, name: str, identity):
         if d is not None:
             for a in sorted(axes, reverse=True):
                 d = d.all(a, keepdim=keepdims)
-        if active is not None and bool(active.all()):
+        if active is not None and not _fake(active) and bool(active.all()):
             active = None
         write(out, result, f"nl.{name}", active, valid=d)
         charge_vector(name, data.shape, 1, out.dtype)
