@@ -7,6 +7,7 @@ Both of NKI's calling styles work: the current one names the destination tile fi
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -66,7 +67,7 @@ def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=
         target = tuple(_get(dst.tile.data, dst.index).shape)
         got = tuple(value.shape)
         if got != target:
-            if value.numel() != dst.tile.data.new_empty(target).numel() or \
+            if value.numel() != math.prod(target) or \
                     [n for n in got if n != 1] != [n for n in target if n != 1]:
                 fail(ValueError, f"{what}: the result has shape {got} but dst has shape {target}")
             value = value.reshape(target)
