@@ -7,13 +7,15 @@ Both of NKI's calling styles work: the current one names the destination tile fi
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
 from . import _hardware as hw
 from . import language as nl
-from ._core import HbmTensor, HbmView, Tile, TileView, both, defined, fail, instruction, psum, read, run, sbuf, write
+from ._core import (HbmTensor, HbmView, Tile, TileView, _fake, both, defined, fail, instruction, psum, read, run, sbuf,
+                    write)
 
 __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
            "tensor_copy", "iota", "dma_copy", "memset", "affine_select"]
@@ -21,11 +23,25 @@ __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_s
 _TILE = (Tile, TileView)
 
 
-def _split_dst(args, kwargs, n_rest: int):
-    """(dst, remaining positional args): dst given by keyword, or first of n_rest + 1 positional tiles."""
+def _split_dst(args, kwargs, slots, what: str):
+    """(dst, remaining positional args) for both of NKI's calling forms.
+
+    ``slots`` are the earlier (dst-less) form's parameters as (name, kind), kind "tile" (a tile),
+    "any" (a tile or a scalar) or "other" (an op, an axis, a flag, an index expression). The NKI 0.6
+    form puts the output tile first (``dst``, positional or by keyword). A first positional tile is
+    that ``dst`` when the earlier form cannot take the arguments: a tile would land in a non-tile
+    parameter (an op), or there are more positional arguments than free parameters.
+    """
     if "dst" in kwargs:
         return kwargs.pop("dst"), list(args)
-    if len(args) == n_rest + 1 and isinstance(args[0], _TILE):
+    if not args or not isinstance(args[0], _TILE):
+        return None, list(args)
+    free = [kind for name, kind in slots if name not in kwargs]
+    if len(args) > len(free):
+        return args[0], list(args[1:])
+    if free and free[0] == "other":  # the earlier form starts with an op / an expression, never a tile
+        return args[0], list(args[1:])
+    if any(isinstance(a, _TILE) and kind == "other" for a, kind in zip(args, free)):
         return args[0], list(args[1:])
     return None, list(args)
 
@@ -45,11 +61,33 @@ def _take(rest, kwargs, names):
 def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=None, valid=None):
     if dst is None:
         dst = Tile(value.shape, dtype if dtype is not None else value.dtype, buffer)
+    elif isinstance(dst, _TILE):  # NKI 0.6: the result goes into dst, in dst's dtype and buffer
+        from ._core import _get
+
+        target = tuple(_get(dst.tile.data, dst.index).shape)
+        got = tuple(value.shape)
+        if got != target:
+            if value.numel() != math.prod(target) or \
+                    [n for n in got if n != 1] != [n for n in target if n != 1]:
+                fail(ValueError, f"{what}: the result has shape {got} but dst has shape {target}")
+            value = value.reshape(target)
+            if valid is not None and valid.numel() == value.numel():
+                valid = valid.reshape(target)
     write(dst, value, what, mask, valid=valid)
     return dst
 
 
+def _required(what: str, **values):
+    """A TypeError naming the first required parameter that was not given."""
+    for name, value in values.items():
+        if value is None:
+            fail(TypeError, f"{what}: missing the argument {name!r}")
+
+
 def _torch_op(op, what: str):
+    if isinstance(op, _TILE):
+        fail(TypeError, f"{what}: a tile {op!r} where an op (nl.add ...) goes; the output tile goes first "
+                        f"({what}(dst, ...)) or as dst=")
     fn = getattr(op, "torch_fn", None)
     if fn is None:
         if callable(op) and getattr(op, "__module__", "").startswith("torch"):
@@ -63,7 +101,7 @@ def nc_matmul(*args, **kwargs):
     """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
     (N <= 512), the result [M, N] in PSUM as float32. Into a PSUM ``dst`` it accumulates: the first
     matmul into a region writes it, later ones add to it."""
-    dst, rest = _split_dst(args, kwargs, 2)
+    dst, rest = _split_dst(args, kwargs, [("stationary", "tile"), ("moving", "tile")], "nc_matmul")
     stationary, moving = _take(rest, kwargs, ["stationary", "moving"])
     s, m = read(stationary, "nc_matmul (stationary)"), read(moving, "nc_matmul (moving)")
     if s.dim() != 2 or m.dim() != 2:
@@ -130,7 +168,7 @@ def nc_matmul(*args, **kwargs):
 @instruction
 def nc_transpose(*args, **kwargs):
     """The transpose of a [P, F] tile (P, F <= 128) through TensorE, into PSUM."""
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("data", "tile")], "nc_transpose")
     (data,) = _take(rest, kwargs, ["data"])
     x = read(data, "nc_transpose")
     if x.dim() != 2 or x.shape[1] > hw.PMAX:
@@ -143,41 +181,52 @@ def nc_transpose(*args, **kwargs):
 @instruction
 def activation(*args, **kwargs):
     """ScalarE: op(data * scale + bias), bias a [P, 1] tile (or a scalar), scale a scalar or [P, 1] tile."""
-    dst, rest = _split_dst(args, kwargs, 2)
-    op, data = _take(rest, kwargs, ["op", "data"])
-    bias, scale, dtype = kwargs.pop("bias", None), kwargs.pop("scale", 1.0), kwargs.pop("dtype", None)
+    dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("bias", "any"), ("scale", "any")],
+                           "activation")
+    op, data, bias, scale = _take(rest, kwargs, ["op", "data", "bias", "scale"])
+    _required("activation", op=op, data=data)
+    scale, dtype = 1.0 if scale is None else scale, kwargs.pop("dtype", None)
+    if kwargs.get("reduce_op") is not None or kwargs.get("reduce_res") is not None:
+        fail(NotImplementedError, "activation: reduce_op/reduce_res (the activation's reduction) is not supported "
+                                  "here; reduce the result with nisa.tensor_reduce")
+    fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
     y = x * (s.float() if isinstance(s, torch.Tensor) else s)
     if bias is not None:
         b = read(bias, "activation (bias)")
         y = y + (b.float() if isinstance(b, torch.Tensor) else b)
-    y = _torch_op(op, "activation")(y)
+    y = fn(y)
     nl.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
     return _deliver(dst, y, "activation", dtype if dtype is not None else (data.dtype if dst is None else None),
-                    valid=valid)
+                    valid=valid, mask=kwargs.pop("mask", None))
 
 
 @instruction
 def tensor_tensor(*args, **kwargs):
     """VectorE: op(data1, data2) elementwise over two tiles of one shape."""
-    dst, rest = _split_dst(args, kwargs, 3)
+    dst, rest = _split_dst(args, kwargs, [("data1", "tile"), ("data2", "tile"), ("op", "other")], "tensor_tensor")
     data1, data2, op = _take(rest, kwargs, ["data1", "data2", "op"])
+    _required("tensor_tensor", data1=data1, data2=data2, op=op)
     a, b = read(data1, "tensor_tensor"), read(data2, "tensor_tensor")
     if a.shape != b.shape:
         fail(ValueError, f"tensor_tensor: tiles of shapes {tuple(a.shape)} and {tuple(b.shape)}; they must match")
     y = _torch_op(op, "tensor_tensor")(a.float(), b.float())
     nl.charge_vector("tensor_tensor", a.shape, 2, a.dtype)
     return _deliver(dst, y, "tensor_tensor", kwargs.pop("dtype", None) or (data1.dtype if dst is None else None),
-                    valid=both(tuple(a.shape), defined(data1), defined(data2)))
+                    valid=both(tuple(a.shape), defined(data1), defined(data2)), mask=kwargs.pop("mask", None))
 
 
 @instruction
 def tensor_scalar(*args, **kwargs):
     """VectorE: op1(op0(data, operand0), operand1), each operand a scalar or a [P, 1] tile."""
-    dst, rest = _split_dst(args, kwargs, 3)
-    data, op0, operand0 = _take(rest, kwargs, ["data", "op0", "operand0"])
+    dst, rest = _split_dst(args, kwargs, [("data", "tile"), ("op0", "other"), ("operand0", "any"),
+                                         ("reverse0", "other"), ("op1", "other"), ("operand1", "any"),
+                                         ("reverse1", "other")], "tensor_scalar")
+    data, op0, operand0, reverse0, op1, operand1, reverse1 = _take(
+        rest, kwargs, ["data", "op0", "operand0", "reverse0", "op1", "operand1", "reverse1"])
+    _required("tensor_scalar", data=data, op0=op0, operand0=operand0)
     x = read(data, "tensor_scalar").float()
 
     def apply(v, op, operand, reverse):
@@ -186,48 +235,64 @@ def tensor_scalar(*args, **kwargs):
         fn = _torch_op(op, "tensor_scalar")
         return fn(torch.as_tensor(o, device=v.device), v) if reverse else fn(v, o)
 
-    y = apply(x, op0, operand0, kwargs.pop("reverse0", False))
+    y = apply(x, op0, operand0, bool(reverse0))
     masks = [defined(data), defined(operand0)]
-    if kwargs.get("op1") is not None:
-        masks.append(defined(kwargs.get("operand1")))
-        y = apply(y, kwargs.pop("op1"), kwargs.pop("operand1"), kwargs.pop("reverse1", False))
+    if op1 is not None:
+        _required("tensor_scalar", operand1=operand1)
+        masks.append(defined(operand1))
+        y = apply(y, op1, operand1, bool(reverse1))
     nl.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
     return _deliver(dst, y, "tensor_scalar", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
-                    valid=both(tuple(x.shape), *masks))
+                    valid=both(tuple(x.shape), *masks), mask=kwargs.pop("mask", None))
 
 
 @instruction
 def tensor_reduce(*args, **kwargs):
     """VectorE: reduce ``data`` with ``op`` (nl.add, nl.maximum, nl.minimum, nl.multiply) along free axes."""
-    dst, rest = _split_dst(args, kwargs, 3)
-    op, data, axis = _take(rest, kwargs, ["op", "data", "axis"])
+    dst, rest = _split_dst(args, kwargs, [("op", "other"), ("data", "tile"), ("axis", "other"), ("negate", "other"),
+                                         ("keepdims", "other")], "tensor_reduce")
+    op, data, axis, negate, keepdims = _take(rest, kwargs, ["op", "data", "axis", "negate", "keepdims"])
+    _required("tensor_reduce", op=op, data=data, axis=axis)
     fn = nl.REDUCE_OPS.get(op)
     if fn is None:
         fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
                                   f"nl.minimum or nl.multiply)")
-    keepdims, negate = kwargs.pop("keepdims", False), kwargs.pop("negate", False)
-    out = fn(data, axis, keepdims=keepdims)
+    keepdims, negate = bool(keepdims), bool(negate)
+    mask = kwargs.pop("mask", None)
+    out = fn(data, axis, keepdims=keepdims, mask=mask)
     y = read(out, "tensor_reduce")
     if negate:
         y = -y
+    valid, active = defined(out), None
+    if mask is not None:  # the outputs with no masked-in input are left as they were
+        from ._core import IndexExpr
+
+        x = read(data, "tensor_reduce")
+        active = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=x.device).expand(x.shape)
+        for a in sorted(((axis,) if isinstance(axis, int) else tuple(axis)), key=lambda a: a % x.dim(), reverse=True):
+            active = active.any(a % x.dim(), keepdim=keepdims)
+        if valid is not None:
+            valid = valid | ~active
+        if not _fake(active) and bool(active.all()):
+            active = None
     return _deliver(dst, y, "tensor_reduce", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
-                    valid=defined(out))
+                    mask=active, valid=valid)
 
 
 @instruction
 def tensor_copy(*args, **kwargs):
     """A copy between on-chip tiles (PSUM -> SBUF, or a cast)."""
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("src", "tile")], "tensor_copy")
     (src,) = _take(rest, kwargs, ["src"])
     x = read(src, "tensor_copy")
     nl.charge_vector("tensor_copy", x.shape, 1, x.dtype)
     return _deliver(dst, x, "tensor_copy", kwargs.pop("dtype", None) or (src.dtype if dst is None else None),
-                    valid=defined(src))
+                    valid=defined(src), mask=kwargs.pop("mask", None))
 
 
 @instruction
 def memset(*args, **kwargs):
-    dst, rest = _split_dst(args, kwargs, 1)
+    dst, rest = _split_dst(args, kwargs, [("value", "other")], "memset")
     (value,) = _take(rest, kwargs, ["value"])
     if dst is None:
         fail(ValueError, "memset needs dst=")
@@ -239,8 +304,11 @@ def memset(*args, **kwargs):
 @instruction
 def iota(*args, **kwargs):
     """GpSimd: a tile holding the values of an index expression (``nl.arange(n)[None, :]`` ...)."""
-    dst, rest = _split_dst(args, kwargs, 2)
+    dst, rest = _split_dst(args, kwargs, [("expr", "other"), ("dtype", "other")], "iota")
+    if dst is not None and ("pattern" in kwargs or (rest and isinstance(rest[0], (list, tuple)))):
+        return _iota_pattern(dst, rest, kwargs)
     expr, dtype = _take(rest, kwargs, ["expr", "dtype"])
+    _required("iota", expr=expr)
     from ._core import IndexExpr
 
     values = expr.tensor if isinstance(expr, IndexExpr) else torch.as_tensor(expr)
@@ -250,10 +318,45 @@ def iota(*args, **kwargs):
     return _deliver(dst, values.to(run().device), "iota", dtype or torch.int32)
 
 
+def _iota_pattern(dst, rest, kwargs):
+    """NKI 0.6's ``iota(dst, pattern, offset, channel_multiplier=0)``: at partition p and free position
+    (j_0, j_1, ...) the value offset + p * channel_multiplier + sum(step_i * j_i), pattern [[step_i, num_i], ...]."""
+    pattern, offset, multiplier = _take(rest, kwargs, ["pattern", "offset", "channel_multiplier"])
+    _required("iota", pattern=pattern, offset=offset)
+    if not isinstance(dst, _TILE):
+        fail(TypeError, f"iota: dst must be an SBUF tile, got {type(dst).__name__}")
+    if dst.buffer is not sbuf:
+        fail(ValueError, "iota writes its result to an SBUF tile")
+    from ._core import _get
+
+    shape = tuple(_get(dst.tile.data, dst.index).shape)
+    device = run().device
+    values = torch.full((shape[0],) + (1,) * len(pattern), int(offset), dtype=torch.int64, device=device)
+    values = values + torch.arange(shape[0], device=device).reshape((-1,) + (1,) * len(pattern)) * int(multiplier or 0)
+    for axis, (step, num) in enumerate(pattern):
+        view = [1] * (len(pattern) + 1)
+        view[axis + 1] = int(num)
+        values = values + torch.arange(int(num), device=device).reshape(view) * int(step)
+    values = values.reshape(shape[0], -1)
+    per_partition = 1
+    for n in shape[1:]:
+        per_partition *= n
+    if values.shape[1] != per_partition:
+        fail(ValueError, f"iota: the pattern {pattern} makes {values.shape[1]} values per partition, dst of shape "
+                         f"{shape} has {per_partition}")
+    values = values.to(torch.int32).reshape(shape)  # 32-bit integer math, cast to dst's dtype on the write
+    nl.charge_vector("iota", shape, 0, dst.dtype, "GpSimd")
+    write(dst, values, "iota")
+    return dst
+
+
 @instruction
 def dma_copy(*args, **kwargs):
     """A DMA: HBM -> SBUF, SBUF -> HBM, or between on-chip tiles."""
-    dst, rest = _split_dst(args, kwargs, 1) if "dst" in kwargs else (args[0] if args else None, list(args[1:]))
+    if "dst" in kwargs:
+        dst, rest = _split_dst(args, kwargs, [("src", "tile")], "dma_copy")
+    else:
+        dst, rest = (args[0] if args else None), list(args[1:])
     (src,) = _take(rest, kwargs, ["src"])
     if dst is None:
         fail(ValueError, "dma_copy needs dst= and src=")
@@ -305,7 +408,8 @@ def affine_select(*args, **kwargs):
                              f"{tuple(x.shape)} has {x[0].numel()}")
         pred = _torch_op(cmp_op, "affine_select")(value, 0).reshape(x.shape)
     else:
-        dst, rest = _split_dst(args, kwargs, 3)
+        dst, rest = _split_dst(args, kwargs, [("pred", "other"), ("on_true_tile", "tile"), ("on_false_value", "other")],
+                               "affine_select")
         pred, on_true, on_false = _take(rest, kwargs, ["pred", "on_true_tile", "on_false_value"])
         x = read(on_true, "affine_select")
         pred = pred.tensor if isinstance(pred, IndexExpr) else torch.as_tensor(pred, device=x.device)

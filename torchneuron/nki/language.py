@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import _hardware as hw
-from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm, hbm_parts,
+from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, _fake, both, defined, fail, hbm, hbm_parts,
                     instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
                     shared_hbm, write)
 
@@ -332,7 +332,15 @@ def where(condition, x, y, dtype=None, mask=None, **kwargs) -> Tile:
 
 # ---- reductions -----------------------------------------------------------------------------------
 
-def _reduction(fn, name: str):
+def _lowest(dtype):
+    return float("-inf") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def _reduction(fn, name: str, identity):
     def op(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
         data = read(x, f"nl.{name}")
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
@@ -340,13 +348,39 @@ def _reduction(fn, name: str):
         if 0 in axes:
             fail(ValueError, f"nl.{name}: reductions run along free axes; axis 0 is the partition axis (reduce "
                              f"across partitions with nc_matmul against a ones vector, or transpose first)")
-        result = fn(data.float() if data.is_floating_point() else data, axes, keepdims)
-        out = Tile(result.shape if result.dim() else (1, 1), _result_dtype(dtype, x), sbuf)
+        values = data.float() if data.is_floating_point() else data
         d = defined(x)
+        active = None
+        if mask is not None:  # NKI: the mask selects the input elements the reduction runs over
+            m = mask.tensor if isinstance(mask, IndexExpr) else mask
+            m = torch.as_tensor(m, device=values.device)
+            if m.dtype != torch.bool:
+                fail(TypeError, f"nl.{name}: mask= is a predicate of the indices (such as i_f < n), got a "
+                                f"{m.dtype} tensor")
+            try:
+                m = m.expand(values.shape)
+            except RuntimeError:
+                fail(ValueError, f"nl.{name}: a mask of shape {tuple(m.shape)} does not cover the input tile of "
+                                 f"shape {tuple(values.shape)}; masks of reductions are written on the input's "
+                                 f"indices (its partition and free aranges)")
+            values = torch.where(m, values, torch.as_tensor(identity(values.dtype), dtype=values.dtype,
+                                                            device=values.device))
+            d = None if d is None else (d | ~m)
+            active = m
+            for a in sorted(axes, reverse=True):
+                active = active.any(a, keepdim=keepdims)
+        if mask is not None and name == "mean":
+            count = m.sum(axes, keepdim=keepdims).clamp(min=1)
+            result = torch.sum(values, axes, keepdim=keepdims) / count
+        else:
+            result = fn(values, axes, keepdims)
+        out = Tile(result.shape if result.dim() else (1, 1), _result_dtype(dtype, x), sbuf)
         if d is not None:
             for a in sorted(axes, reverse=True):
                 d = d.all(a, keepdim=keepdims)
-        write(out, result, f"nl.{name}", mask, valid=d)
+        if active is not None and not _fake(active) and bool(active.all()):
+            active = None
+        write(out, result, f"nl.{name}", active, valid=d)
         charge_vector(name, data.shape, 1, out.dtype)
         return out
     op = instruction(op, name)
@@ -354,11 +388,11 @@ def _reduction(fn, name: str):
     return op
 
 
-sum = _reduction(lambda t, a, k: torch.sum(t, a, keepdim=k), "sum")  # noqa: A001
-max = _reduction(lambda t, a, k: torch.amax(t, a, keepdim=k), "max")  # noqa: A001
-min = _reduction(lambda t, a, k: torch.amin(t, a, keepdim=k), "min")  # noqa: A001
-mean = _reduction(lambda t, a, k: torch.mean(t, a, keepdim=k), "mean")
-prod = _reduction(lambda t, a, k: _prod(t, a, k), "prod")
+sum = _reduction(lambda t, a, k: torch.sum(t, a, keepdim=k), "sum", lambda dt: 0)  # noqa: A001
+max = _reduction(lambda t, a, k: torch.amax(t, a, keepdim=k), "max", _lowest)  # noqa: A001
+min = _reduction(lambda t, a, k: torch.amin(t, a, keepdim=k), "min", _highest)  # noqa: A001
+mean = _reduction(lambda t, a, k: torch.mean(t, a, keepdim=k), "mean", lambda dt: 0)
+prod = _reduction(lambda t, a, k: _prod(t, a, k), "prod", lambda dt: 1)
 REDUCE_OPS = {add: sum, maximum: max, minimum: min, multiply: prod}
 
 
