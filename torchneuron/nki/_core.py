@@ -186,20 +186,68 @@ def _release(r: KernelRun, buffer: Buffer, per_partition: int, banks: int) -> No
         r.psum_banks_live -= banks
 
 
+class ParDim(int):
+    """``nl.par_dim(n)``: an axis size marked as the partition dimension of a tile's shape."""
+
+    def __repr__(self) -> str:
+        return f"par_dim({int(self)})"
+
+
+def par_axis(shape) -> int:
+    """The partition axis of a tile shape: the one marked with ``nl.par_dim``, else the first."""
+    marked = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
+    if len(marked) > 1:
+        fail(ValueError, f"a tile shape marks one partition dimension (nl.par_dim), got {len(marked)} in "
+                         f"{tuple(shape)}")
+    return marked[0] if marked else 0
+
+
+def as_dtype(d, what: str = "dtype") -> torch.dtype:
+    """An nl dtype (a torch dtype), or the same given as a NumPy dtype or scalar type (``np.float32``)."""
+    if isinstance(d, torch.dtype):
+        return d
+    if d is bool:
+        return torch.bool
+    try:
+        import numpy as np
+
+        nd = np.dtype(d) if (isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic))) else None
+    except TypeError:
+        nd = None
+    if nd is not None:
+        try:
+            return torch.from_numpy(np.empty(0, dtype=nd)).dtype
+        except TypeError:
+            pass
+        fail(TypeError, f"{what}: NumPy dtype {nd} has no NKI counterpart")
+    fail(TypeError, f"{what}: expected an nl dtype (nl.float32, nl.bfloat16, ...) or a NumPy dtype (np.float32, "
+                    f"...), got {d!r}")
+
+
 class Tile:
-    """A tile of SBUF or PSUM: ``data`` (device memory, partition axis first) and what was written."""
+    """A tile of SBUF or PSUM: ``data`` (device memory, partition axis first) and what was written.
+
+    A shape may mark its partition axis with ``nl.par_dim``; axes before it are block axes (a block
+    of tiles, each with the partition axis)."""
 
     def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
         r = run()
+        dtype = as_dtype(dtype)
+        if isinstance(shape, (int, torch.SymInt)):
+            shape = (shape,)
+        pa = par_axis(tuple(shape))
         shape = tuple(int(s) for s in shape)
         if not shape:
             fail(ValueError, "a tile needs at least one axis (the partition axis)")
-        if shape[0] > hw.PMAX:
-            fail(ValueError, f"a tile's partition axis (its first) holds at most {hw.PMAX} partitions; "
+        if any(s < 0 for s in shape):
+            fail(ValueError, f"a tile's shape has no negative sizes, got {shape}")
+        if shape[pa] > hw.PMAX:
+            which = "its first" if pa == 0 else f"axis {pa}, marked nl.par_dim"
+            fail(ValueError, f"a tile's partition axis ({which}) holds at most {hw.PMAX} partitions; "
                              f"got shape {shape} in {buffer!r}")
         if buffer is psum and dtype not in (torch.float32, torch.int32):
             fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
-        per_partition = math.prod(shape[1:]) * _itemsize(dtype)
+        per_partition = math.prod(shape[:pa] + shape[pa + 1:]) * _itemsize(dtype)
         banks = 0
         if buffer is sbuf:
             if r.sbuf_live + per_partition > r.gen.sbuf_partition_bytes:
