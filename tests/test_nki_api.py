@@ -238,3 +238,17 @@ def test_uint_dtypes_and_bad_dtype():
 
     with pytest.raises(TypeError, match="expected an nl dtype .* or a NumPy dtype"):
         nki.simulate_kernel(bad, np.zeros(1, np.float32))
+
+
+def test_jit_modes():
+    a, b = _rand(128, 64), _rand(128, 64, seed=4)
+    expected = torch.from_numpy(a) + torch.from_numpy(b)
+    for mode in ("simulation", "baremetal", "benchmark"):
+        k = nki.jit(_add_kernel, mode=mode)
+        assert_close(torch.from_numpy(k(a, b)), expected)
+    bench = nki.jit(mode="benchmark")(_add_kernel)
+    bench(a, b)
+    assert bench.benchmark_result.nc_latency.get_latency_percentile(50) > 0
+    assert isinstance(nki.jit(_add_kernel, mode="auto"), nki.Kernel)
+    with pytest.raises(ValueError, match="mode is one of"):
+        nki.jit(_add_kernel, mode="gpu")

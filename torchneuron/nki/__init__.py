@@ -234,12 +234,26 @@ def _unwrap(x, name: str):
     return x
 
 
-def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, **options) -> Any:
+_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation")
+
+
+def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, mode: str = "auto",
+        **options) -> Any:
     """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
-    Other options of AWS's ``nki.jit`` (its compiler's flags, ``mode``) do not change what runs here."""
+
+    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors),
+    "simulation" and "baremetal" (called with numpy arrays, :func:`simulate`), "benchmark" (numpy arrays
+    and a projected latency, :func:`benchmark`). Other options (compiler flags) do not change what runs."""
+    if mode not in _MODES:
+        raise ValueError(f"nki.jit: mode is one of {list(_MODES)}, got {mode!r}")
     if fn is None:
-        return lambda f: Kernel(f, platform_target=platform_target)
-    return Kernel(fn, platform_target=platform_target)
+        return lambda f: jit(f, platform_target=platform_target, mode=mode, **options)
+    kernel = Kernel(fn, platform_target=platform_target)
+    if mode in ("simulation", "baremetal"):
+        return _NumpyKernel(kernel, f"nki.jit(mode={mode!r})")
+    if mode == "benchmark":
+        return _BenchmarkKernel(kernel, "nki.jit(mode='benchmark')")
+    return kernel
 
 
 def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str] = None) -> Callable:
