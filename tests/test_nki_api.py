@@ -252,3 +252,56 @@ def test_jit_modes():
     assert isinstance(nki.jit(_add_kernel, mode="auto"), nki.Kernel)
     with pytest.raises(ValueError, match="mode is one of"):
         nki.jit(_add_kernel, mode="gpu")
+
+
+def test_typing_newer_forms():
+    t = nt.tensor[128, 512]
+    assert t.shape == (128, 512) and t.dtype is None
+    assert nt.tensor[128, None, nl.float16].shape == (128, None)
+    assert nt.tensor[nt.mutable].mutable and not nt.mutable_tensor[nt.immutable].mutable
+
+    @nki.jit
+    def k(x: "nt.tensor[128, 16]", y: "nt.tensor[nt.mutable]"):
+        nl.store(y, value=nl.negative(nl.load(x)))
+        return y
+
+    x, y = _rand(128, 16), np.zeros((128, 16), np.float32)
+    nki.simulate_kernel(k, x, y)
+    assert_close(torch.from_numpy(y), -torch.from_numpy(x))
+    assert nt.mutable_params(k.fn) == ("y",)
+    with pytest.raises(ValueError, match=r"parameter 'x' is annotated with shape \[128, 16\]"):
+        nki.simulate_kernel(k, x[:, :8], y)
+
+
+def test_benchmark_takes_annotations_for_inputs():
+    bench = nki.benchmark(warmup=1, iters=1)(_add_kernel)
+    out = bench(nt.tensor[[128, 256], nl.bfloat16], nt.tensor[[128, 256], nl.bfloat16])
+    assert out.shape == (128, 256) and (out == 0).all()  # the placeholders are zeros
+    try:
+        import ml_dtypes
+        assert out.dtype == ml_dtypes.bfloat16
+    except ImportError:  # NumPy has no bfloat16 of its own: widened, exactly
+        assert out.dtype == np.float32
+    est = nki.jit(_add_kernel).estimate(torch.zeros(128, 256, dtype=torch.bfloat16, device="neuron"),
+                                        torch.zeros(128, 256, dtype=torch.bfloat16, device="neuron"))
+    assert bench.benchmark_result.nc_latency.get_latency_percentile(50) == pytest.approx(est.seconds * 1e6)
+    with pytest.raises(TypeError, match="only nki.benchmark takes annotations"):
+        nki.simulate_kernel(_add_kernel, nt.tensor[[128, 4], nl.float32], nt.tensor[[128, 4], nl.float32])
+    with pytest.raises(TypeError, match="only with a full shape and a dtype"):
+        bench(nt.tensor[[128, 4]], nt.tensor[[128, 4]])
+
+
+def test_bfloat16_result_values():
+    @nki.jit
+    def to_bf16(a):
+        out = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.copy(nl.load(a), dtype=nl.bfloat16))
+        return out
+
+    a = _rand(128, 32)
+    got = nki.simulate_kernel(to_bf16, a)
+    expected = torch.from_numpy(a).to(torch.bfloat16)
+    if got.dtype == np.float32:
+        assert_close(torch.from_numpy(got), expected.float(), rtol=0, atol=0)
+    else:  # ml_dtypes.bfloat16
+        assert_close(torch.from_numpy(got.view(np.uint16)).view(torch.bfloat16), expected, rtol=0, atol=0)

@@ -294,7 +294,8 @@ def _as_kernel(kernel, what: str) -> Kernel:
                     f"{type(kernel).__name__}")
 
 
-def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequence[str] = ()):
+def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequence[str] = (),
+               placeholders: bool = False):
     """Run ``kernel`` on numpy arrays: each is copied to the neuron device, the kernel runs there, the
     arrays it was given are updated with what it wrote to them (outputs the caller allocated), and what
     it returns comes back as numpy arrays. Returns (result, {target: Estimate})."""
@@ -304,12 +305,20 @@ def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequen
     pairs = []
 
     def to_device(name, a):
+        if isinstance(a, typing.TensorType):
+            if not placeholders:
+                raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} is an annotation ({a!r}); only "
+                                f"nki.benchmark takes annotations for inputs, the others take numpy arrays")
+            return a.placeholder(f"{what}({kernel.fn.__name__}) argument {name}").to(device)
         if isinstance(a, torch.Tensor):
             raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} is a torch.Tensor; this harness takes "
                             f"numpy arrays (call the kernel itself with neuron tensors)")
         if isinstance(a, np.ndarray):
             try:
-                t = torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16, as AWS's samples use
+                    t = torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).view(torch.bfloat16).to(device)
+                else:
+                    t = torch.from_numpy(np.ascontiguousarray(a)).to(device)
             except TypeError:
                 raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} has NumPy dtype {a.dtype}, which "
                                 f"has no NKI counterpart") from None
@@ -326,16 +335,35 @@ def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequen
             estimates[target] = kernel.estimate(*targs, target=target, **tkwargs)
     for a, t in pairs:  # what the kernel wrote into its arguments (nl.store into an output it was given)
         if a.flags.writeable:
-            np.copyto(a, t.cpu().numpy().reshape(a.shape))
+            host = t.cpu()
+            host = host.view(torch.uint16).numpy().view(a.dtype) if a.dtype.name == "bfloat16" else host.numpy()
+            np.copyto(a, host.reshape(a.shape))
 
     def to_numpy(x):
         if isinstance(x, torch.Tensor):
-            return x.cpu().numpy()
+            return _numpy_of(x.cpu(), what)
         if isinstance(x, (tuple, list)):
             return type(x)(to_numpy(v) for v in x)
         return x
 
     return to_numpy(result), estimates
+
+
+def _numpy_of(t: torch.Tensor, what: str):
+    """A CPU tensor as a numpy array; bfloat16 as ml_dtypes.bfloat16 (AWS's NumPy bfloat16) when ml_dtypes is
+    installed, else widened to float32 (exact) with a warning in the log."""
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            logging.getLogger("torchneuron").warning(
+                "%s: a bfloat16 result is returned as float32 (exact): NumPy has no bfloat16 without ml_dtypes", what)
+            return t.float().numpy()
+        return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return t.numpy()
+    except TypeError:
+        raise TypeError(f"{what}: a result of dtype {t.dtype} has no NumPy counterpart") from None
 
 
 def simulate_kernel(kernel, *args, **kwargs):
@@ -425,7 +453,7 @@ class _BenchmarkKernel(_NumpyKernel):
         self.benchmark_result: Optional[BenchmarkResult] = None
 
     def __call__(self, *args, **kwargs):
-        result, estimates = _run_numpy(self.kernel, self.what, args, kwargs, TARGETS)
+        result, estimates = _run_numpy(self.kernel, self.what, args, kwargs, TARGETS, placeholders=True)
         own = self.kernel.last_estimate
         self.benchmark_result = BenchmarkResult(Latency(own.target, own), estimates, self.warmup, self.iters)
         log = logging.getLogger("torchneuron")
@@ -443,7 +471,9 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, **options):
 
     There is no NeuronDevice to time here: the latency is the cost model's PROJECTION for one NeuronCore
     of the kernel's target (:meth:`Kernel.estimate`; ``benchmark_result.estimates`` has every generation),
-    labelled as such, and unlike AWS's the kernel's outputs are computed (from the inputs given).
+    labelled as such, and unlike AWS's the kernel's outputs are computed (from the inputs given). As
+    with AWS's, an input may be given as an annotation (``nt.tensor[[128, 512], nl.bfloat16]``): it
+    stands for zeros of that shape and dtype.
     ``warmup`` and ``iters`` are recorded; the projection does not depend on them."""
     for name, v in (("warmup", warmup), ("iters", iters)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -30,8 +30,17 @@ class TensorType:
         from ._core import as_dtype
 
         parts = spec if isinstance(spec, tuple) else (spec,)
-        shape, dtype = None, None
+        shape, dtype, is_mutable = None, None, self.mutable
+        # NKI's newer form lists the sizes themselves: nt.tensor[128, 512] (a shape list is the older one).
+        sizes = [p for p in parts if _is_size(p)]
+        if sizes:
+            if len(sizes) != sum(1 for p in parts[:len(sizes)] if _is_size(p)):
+                raise TypeError(f"nki.typing: a shape's sizes come first and together, got {spec!r}")
+            parts = (list(sizes),) + tuple(p for p in parts if not _is_size(p))
         for p in parts:
+            if p is mutable or p is immutable:
+                is_mutable = p is mutable
+                continue
             if isinstance(p, (list, tuple)):
                 if shape is not None:
                     raise TypeError(f"nki.typing: two shapes in one annotation: {spec!r}")
@@ -49,7 +58,15 @@ class TensorType:
                 if dtype is not None:
                     raise TypeError(f"nki.typing: two dtypes in one annotation: {spec!r}")
                 dtype = as_dtype(p, "nki.typing annotation")
-        return TensorType(shape, dtype, self.mutable)
+        return TensorType(shape, dtype, is_mutable)
+
+    def placeholder(self, what: str) -> torch.Tensor:
+        """A CPU tensor of zeros of this annotation's shape and dtype, for ``nki.benchmark``'s calls with
+        annotations as arguments (AWS's benchmark uses the arguments' shapes and dtypes only)."""
+        if self.shape is None or None in self.shape or self.dtype is None:
+            raise TypeError(f"{what}: an nki.typing argument stands for an input only with a full shape and a "
+                            f"dtype, got {self!r}")
+        return torch.zeros(self.shape, dtype=self.dtype)
 
     def check(self, name: str, kernel: str, value) -> None:
         from ._core import HbmTensor
@@ -78,6 +95,10 @@ class TensorType:
         return f"{base}[{', '.join(parts)}]" if parts else base
 
 
+def _is_size(p) -> bool:
+    return p is None or p is Ellipsis or (isinstance(p, int) and not isinstance(p, bool))
+
+
 #: ``nt.tensor``: a tensor parameter the kernel reads; ``nt.tensor[shape, dtype]`` checks both.
 tensor = TensorType()
 #: ``nt.mutable_tensor``: a tensor parameter the kernel writes (an output the caller allocated).
@@ -85,7 +106,7 @@ mutable_tensor = TensorType(mutable=True)
 
 
 def mutable(t: TensorType = tensor) -> TensorType:
-    """``nt.mutable(nt.tensor[...])``: the same annotation, writable."""
+    """``nt.mutable(nt.tensor[...])``: the same annotation, writable (also ``nt.tensor[nt.mutable]``)."""
     if not isinstance(t, TensorType):
         raise TypeError(f"nt.mutable takes an nki.typing tensor annotation, got {t!r}")
     return TensorType(t.shape, t.dtype, True)
