@@ -305,3 +305,14 @@ def test_bfloat16_result_values():
         assert_close(torch.from_numpy(got), expected.float(), rtol=0, atol=0)
     else:  # ml_dtypes.bfloat16
         assert_close(torch.from_numpy(got.view(np.uint16)).view(torch.bfloat16), expected, rtol=0, atol=0)
+
+
+def test_jit_kernel_called_with_numpy_arrays():
+    k = nki.jit(_add_kernel)
+    a, b = _rand(128, 64), _rand(128, 64, seed=5)
+    got = k(a, b)
+    assert isinstance(got, np.ndarray)
+    assert_close(torch.from_numpy(got), torch.from_numpy(a) + torch.from_numpy(b))
+    assert k.last_estimate is not None and k.last_estimate.instructions == 4  # 2 loads, add, store
+    with pytest.raises(ValueError, match="NKI kernels take tensors on the neuron device"):
+        k(torch.from_numpy(a), b)  # a CPU tensor is still refused, numpy beside it or not

@@ -145,6 +145,8 @@ class Kernel:
         return Kernel(self.fn, tuple(int(g) for g in grid), self.platform_target)
 
     def __call__(self, *args, **kwargs):
+        if _numpy_call(args, kwargs):  # AWS's "auto" mode: numpy arrays in, numpy arrays out
+            return _run_numpy(self, "nki.jit", args, kwargs)[0]
         token = _hardware.TARGET.set(self.platform_target)
         try:
             result, call = self._run(args, kwargs)
@@ -241,7 +243,8 @@ def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None,
         **options) -> Any:
     """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
 
-    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors),
+    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors; a call
+    with numpy arrays runs as :func:`simulate` does),
     "simulation" and "baremetal" (called with numpy arrays, :func:`simulate`), "benchmark" (numpy arrays
     and a projected latency, :func:`benchmark`). Other options (compiler flags) do not change what runs."""
     if mode not in _MODES:
@@ -292,6 +295,13 @@ def _as_kernel(kernel, what: str) -> Kernel:
         return Kernel(kernel)
     raise TypeError(f"{what} takes a kernel (a function, or one decorated with @nki.jit), got "
                     f"{type(kernel).__name__}")
+
+
+def _numpy_call(args, kwargs) -> bool:
+    """Whether a kernel call is given numpy arrays and no torch tensor."""
+    values = list(itertools.chain(args, kwargs.values()))
+    has_numpy = any(type(v).__module__ == "numpy" and type(v).__name__ == "ndarray" for v in values)
+    return has_numpy and not any(isinstance(v, torch.Tensor) for v in values)
 
 
 def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequence[str] = (),
