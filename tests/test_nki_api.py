@@ -316,3 +316,35 @@ def test_jit_kernel_called_with_numpy_arrays():
     assert k.last_estimate is not None and k.last_estimate.instructions == 4  # 2 loads, add, store
     with pytest.raises(ValueError, match="NKI kernels take tensors on the neuron device"):
         k(torch.from_numpy(a), b)  # a CPU tensor is still refused, numpy beside it or not
+
+
+def test_par_dim_blocks_with_mgrid_p_x_in_a_matmul():
+    # The blocked layout of AWS's matmul tutorials: K/128 tiles of [128 partitions, N] in one block
+    # tensor, indexed with nl.mgrid's .p/.x, accumulated in PSUM.
+    @nki.jit
+    def matmul_blocked(lhsT, rhs):
+        K, M = lhsT.shape
+        _, N = rhs.shape
+        result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+        i_l = nl.mgrid[0:128, 0:M]
+        i_r = nl.mgrid[0:128, 0:N]
+        i_o = nl.mgrid[0:M, 0:N]
+        lhs_blocks = nl.ndarray((K // 128, nl.par_dim(128), M), dtype=lhsT.dtype, buffer=nl.sbuf)
+        rhs_blocks = nl.ndarray((K // 128, nl.par_dim(128), N), dtype=rhs.dtype, buffer=nl.sbuf)
+        for k in nl.affine_range(K // 128):
+            lhs_blocks[k, i_l.p, i_l.x] = nl.load(lhsT[k * 128 + i_l.p, i_l.x])
+            rhs_blocks[k, i_r.p, i_r.x] = nl.load(rhs[k * 128 + i_r.p, i_r.x])
+        acc = nl.zeros((nl.par_dim(M), N), nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(K // 128):
+            acc += nl.matmul(lhs_blocks[k, i_l.p, i_l.x], rhs_blocks[k, i_r.p, i_r.x], transpose_x=True)
+        nl.store(result[i_o.p, i_o.x], value=nl.copy(acc, dtype=result.dtype))
+        return result
+
+    lhsT, rhs = _rand(384, 64), _rand(384, 256, seed=6)
+    got = matmul_blocked(lhsT, rhs)
+    assert_close(torch.from_numpy(got), torch.from_numpy(lhsT).T @ torch.from_numpy(rhs), rtol=1e-4, atol=1e-4)
+    # Three blocks of 64 and of 256 float32 elements per partition held at once.
+    assert matmul_blocked.last_estimate.sbuf_peak_bytes_per_partition >= 3 * (64 + 256) * 4
+    with pytest.raises(AttributeError, match="has no .y"):
+        matmul_blocked_grid = nl.mgrid[0:2, 0:3]
+        matmul_blocked_grid.y

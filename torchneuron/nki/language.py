@@ -183,13 +183,28 @@ def arange(*args) -> IndexExpr:
     return IndexExpr(torch.arange(*args, device=r.device if r else "cpu"))
 
 
+class _Grid(tuple):
+    """``nl.mgrid[...]``'s index expressions, one per axis; also named as NKI names them: ``.p`` (the
+    partition axis), ``.x``, ``.y``, ``.z`` (the free axes)."""
+
+    def _axis(self, i: int, name: str):
+        if i >= len(self):
+            raise AttributeError(f"nl.mgrid of {len(self)} axes has no .{name}")
+        return self[i]
+
+    p = property(lambda self: self._axis(0, "p"))
+    x = property(lambda self: self._axis(1, "x"))
+    y = property(lambda self: self._axis(2, "y"))
+    z = property(lambda self: self._axis(3, "z"))
+
+
 class _MGrid:
     def __getitem__(self, slices):
         if not isinstance(slices, tuple):
             slices = (slices,)
         r = _maybe_run()
         ranges = [torch.arange(s.start or 0, s.stop, s.step or 1, device=r.device if r else "cpu") for s in slices]
-        return tuple(IndexExpr(t) for t in torch.meshgrid(*ranges, indexing="ij"))
+        return _Grid(IndexExpr(t) for t in torch.meshgrid(*ranges, indexing="ij"))
 
 
 mgrid = _MGrid()
