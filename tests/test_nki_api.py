@@ -348,3 +348,21 @@ def test_par_dim_blocks_with_mgrid_p_x_in_a_matmul():
     with pytest.raises(AttributeError, match="has no .y"):
         matmul_blocked_grid = nl.mgrid[0:2, 0:3]
         matmul_blocked_grid.y
+
+
+def test_empty_like_zeros_like_and_memset_earlier_form():
+    @nki.jit
+    def k(a):
+        out = nl.empty_like(a)  # in HBM, as a
+        t = nl.load(a)
+        z = nl.zeros_like(t, dtype=nl.float32)
+        m = nisa.memset(shape=(128, 16), value=0.5, dtype=nl.float32)
+        nl.store(out, value=nl.add(nl.add(t, z), m))
+        return out
+
+    a = _rand(128, 16)
+    assert_close(torch.from_numpy(k(a)), torch.from_numpy(a) + 0.5)
+    with pytest.raises(TypeError, match="nl.zeros_like takes a tile"):
+        nki.simulate_kernel(nki.jit(lambda a: nl.zeros_like(3.0)), a)
+    with pytest.raises(ValueError, match="needs a value and a dtype"):
+        nki.simulate_kernel(nki.jit(lambda a: nisa.memset(shape=(4, 4), value=1.0)), a)

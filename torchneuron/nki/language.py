@@ -26,7 +26,7 @@ __all__ = [
     "num_programs", "matmul", "transpose", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs", "negative", "reciprocal",
     "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
-    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds",
+    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds", "empty_like", "zeros_like",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
     "uint8", "uint16", "uint32", "bool_",
 ]
@@ -108,6 +108,29 @@ def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
 @instruction
 def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return full(shape, 1, dtype, buffer)
+
+
+def _like(x, what: str):
+    if isinstance(x, (Tile, TileView, HbmTensor, HbmView)):
+        return x
+    fail(TypeError, f"nl.{what} takes a tile or a tensor in HBM, got {type(x).__name__}")
+
+
+def empty_like(x, dtype=None, buffer: Optional[Buffer] = None, name: str = ""):
+    """An uninitialized tensor of ``x``'s shape, of ``dtype`` and in ``buffer`` (default: ``x``'s)."""
+    x = _like(x, "empty_like")
+    if buffer is None:
+        buffer = x.buffer if isinstance(x, (Tile, TileView)) else shared_hbm
+    return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer)
+
+
+@instruction
+def zeros_like(x, dtype=None, buffer: Optional[Buffer] = None, name: str = ""):
+    """Zeros of ``x``'s shape, of ``dtype`` and in ``buffer`` (default: ``x``'s)."""
+    x = _like(x, "zeros_like")
+    if buffer is None:
+        buffer = x.buffer if isinstance(x, (Tile, TileView)) else shared_hbm
+    return full(x.shape, 0, dtype if dtype is not None else x.dtype, buffer)
 
 
 @instruction
