@@ -366,3 +366,22 @@ def test_empty_like_zeros_like_and_memset_earlier_form():
         nki.simulate_kernel(nki.jit(lambda a: nl.zeros_like(3.0)), a)
     with pytest.raises(ValueError, match="needs a value and a dtype"):
         nki.simulate_kernel(nki.jit(lambda a: nisa.memset(shape=(4, 4), value=1.0)), a)
+
+
+def test_device_print_logs_the_values(caplog):
+    import logging
+
+    @nki.jit
+    def k(a):
+        out = nl.empty_like(a)
+        t = nl.load(a)
+        nl.device_print("value of t:", t)
+        nl.store(out, value=t)
+        return out
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with caplog.at_level(logging.INFO, logger="torchneuron.nki.device_print"):
+        got = nki.simulate_kernel(k, a)
+    assert_close(torch.from_numpy(got), torch.from_numpy(a))
+    assert [r.getMessage() for r in caplog.records if r.name == "torchneuron.nki.device_print"] == [
+        f"value of t: {a.tolist()}"]

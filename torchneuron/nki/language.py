@@ -26,7 +26,7 @@ __all__ = [
     "num_programs", "matmul", "transpose", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs", "negative", "reciprocal",
     "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
-    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds", "empty_like", "zeros_like",
+    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds", "empty_like", "zeros_like", "device_print",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
     "uint8", "uint16", "uint32", "bool_",
 ]
@@ -108,6 +108,26 @@ def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
 @instruction
 def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return full(shape, 1, dtype, buffer)
+
+
+def device_print(prefix: str, x, *, mask=None, **kwargs) -> None:
+    """The values of a tile or an HBM tensor, written to the log ``torchneuron.nki.device_print`` at INFO
+    (as AWS's simulator prints them; library code here logs instead of printing)."""
+    import logging
+
+    log = logging.getLogger("torchneuron.nki.device_print")
+    if isinstance(x, (HbmTensor, HbmView)):
+        tensor, index = hbm_parts(x)
+        data = tensor if index is Ellipsis else tensor[index]
+    else:
+        data = read(x, "nl.device_print")
+    if isinstance(data, torch.Tensor) and (_fake(data) or not log.isEnabledFor(logging.INFO)):
+        return
+    if isinstance(data, torch.Tensor) and mask is not None:
+        m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=data.device)
+        data = data[m.expand(data.shape)]
+    values = data.cpu().tolist() if isinstance(data, torch.Tensor) else data
+    log.info("%s %s", prefix, values)
 
 
 def _like(x, what: str):
