@@ -385,3 +385,21 @@ def test_device_print_logs_the_values(caplog):
     assert_close(torch.from_numpy(got), torch.from_numpy(a))
     assert [r.getMessage() for r in caplog.records if r.name == "torchneuron.nki.device_print"] == [
         f"value of t: {a.tolist()}"]
+
+
+def test_harness_with_a_grid_and_nested_wrappers():
+    @nki.jit
+    def add_rows(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        rows = nl.ds(i * 128, 128)
+        nl.store(out[rows, :], value=nl.add(nl.load(a[rows, :]), nl.load(b[rows, :])))
+        return out
+
+    a, b = _rand(256, 32), _rand(256, 32, seed=7)
+    expected = torch.from_numpy(a) + torch.from_numpy(b)
+    assert_close(torch.from_numpy(nki.simulate(add_rows)[2](a, b)), expected)
+    assert_close(torch.from_numpy(add_rows[2](a, b)), expected)
+    bench = nki.benchmark(nki.simulate(add_rows))[2]
+    assert_close(torch.from_numpy(bench(a, b)), expected)
+    assert bench.benchmark_result.nc_latency.get_latency_percentile(0) > 0

@@ -291,6 +291,8 @@ def is_nki_op(op: Any) -> bool:
 def _as_kernel(kernel, what: str) -> Kernel:
     if isinstance(kernel, Kernel):
         return kernel
+    if isinstance(kernel, _NumpyKernel):  # nki.benchmark(nki.simulate(k)) and the like: the kernel inside
+        return kernel.kernel
     if callable(kernel):
         return Kernel(kernel)
     raise TypeError(f"{what} takes a kernel (a function, or one decorated with @nki.jit), got "
