@@ -403,3 +403,32 @@ def test_harness_with_a_grid_and_nested_wrappers():
     bench = nki.benchmark(nki.simulate(add_rows))[2]
     assert_close(torch.from_numpy(bench(a, b)), expected)
     assert bench.benchmark_result.nc_latency.get_latency_percentile(0) > 0
+
+
+def test_tile_reshape_is_a_view_of_the_same_elements():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 64), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 4, 16), dtype=nl.float32, buffer=nl.sbuf)
+        for j in nl.affine_range(4):
+            t[:, j, :] = nl.load(a[:, j * 16:(j + 1) * 16])
+        flat = t.reshape((128, 64))
+        nisa.dma_copy(dst=out, src=flat[0:128, 0:64])
+        return out
+
+    a = _rand(128, 64)
+    assert_close(torch.from_numpy(k(a)), torch.from_numpy(a))
+
+    @nki.jit
+    def through(a):
+        out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.zeros((128, 2, 4), dtype=nl.float32)
+        v = t.reshape((128, 8))
+        v[:, 0:8] = nl.load(a)  # a write through the view writes the tile
+        nl.store(out, value=nl.copy(t.reshape((128, 8))))
+        return out
+
+    a = _rand(128, 8)
+    assert_close(torch.from_numpy(through(a)), torch.from_numpy(a))
+    with pytest.raises(ValueError, match="same partitions"):
+        nki.simulate_kernel(nki.jit(lambda a: nl.zeros((128, 8), nl.float32).reshape((64, 16))), a)

@@ -309,6 +309,11 @@ class Tile:
         _nl().charge_vector("broadcast_to", out.shape, 1, out.dtype)
         return out
 
+    def reshape(self, shape) -> "TileView":
+        """The same elements, in row-major order, under another shape with the same partitions (a view:
+        writes through it write this tile)."""
+        return _reshape(self, shape)
+
     def __repr__(self) -> str:
         return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
 
@@ -345,9 +350,27 @@ class TileView:
     def __getitem__(self, index):
         return TileView(self.tile, _compose(self.index, index, self.tile.data))
 
+    def reshape(self, shape) -> "TileView":
+        return _reshape(self, shape)
+
+    def __setitem__(self, index, value) -> None:
+        view = TileView(self.tile, _compose(self.index, index, self.tile.data))
+        write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+
     __add__, __radd__, __sub__, __rsub__ = Tile.__add__, Tile.__radd__, Tile.__sub__, Tile.__rsub__
     __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (Tile.__mul__, Tile.__rmul__, Tile.__truediv__,
                                                               Tile.__rtruediv__, Tile.__neg__)
+
+
+def _reshape(x, shape) -> "TileView":
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    current = tuple(x.shape)
+    if math.prod(shape) != math.prod(current) or not shape or shape[0] != current[0]:
+        fail(ValueError, f"reshape: a tile of shape {current} reshapes to a shape with the same partitions "
+                         f"({current[0]}) and elements ({math.prod(current)}), got {shape}")
+    data = x.tile.data
+    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), x.index)
+    return TileView(x.tile, ("flat", positions.reshape(shape)))
 
 
 def _nl():
@@ -371,7 +394,7 @@ def _compose(outer, inner, data: torch.Tensor):
     if outer is Ellipsis:
         return _index(inner)
     # A view of a view: index the flat positions of the first view.
-    positions = torch.arange(data.numel(), device=data.device).reshape(data.shape)[outer][_index(inner)]
+    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)[_index(inner)]
     return ("flat", positions)
 
 
