@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import functools
 import itertools
+import logging
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,10 +42,11 @@ from torchneuron import _C
 from . import _hardware
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
+from . import typing  # noqa: F401  (nki.typing: annotations of tensor parameters)
 from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake, annotate
 
 __all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
-           "isa"]
+           "isa", "typing", "simulate_kernel", "simulate", "baremetal", "benchmark", "BenchmarkResult", "Latency"]
 
 #: The generations a kernel can target and be estimated for.
 TARGETS: Tuple[str, ...] = tuple(_hardware.GENERATIONS)
@@ -143,6 +145,8 @@ class Kernel:
         return Kernel(self.fn, tuple(int(g) for g in grid), self.platform_target)
 
     def __call__(self, *args, **kwargs):
+        if _numpy_call(args, kwargs):  # AWS's "auto" mode: numpy arrays in, numpy arrays out
+            return _run_numpy(self, "nki.jit", args, kwargs)[0]
         token = _hardware.TARGET.set(self.platform_target)
         try:
             result, call = self._run(args, kwargs)
@@ -168,6 +172,10 @@ class Kernel:
         return call.estimate()
 
     def _run(self, args, kwargs) -> Tuple[Any, KernelCall]:
+        types = self.__dict__.get("_param_types")
+        if types is None:
+            types = self._param_types = typing.param_types(self.fn)
+        typing.check_call(self.fn, self.fn.__name__, args, kwargs, types)
         device = None
         tensors = []
         for a in itertools.chain(args, kwargs.values()):
@@ -228,12 +236,27 @@ def _unwrap(x, name: str):
     return x
 
 
-def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, **options) -> Any:
+_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation")
+
+
+def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, mode: str = "auto",
+        **options) -> Any:
     """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
-    Other options of AWS's ``nki.jit`` (its compiler's flags, ``mode``) do not change what runs here."""
+
+    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors; a call
+    with numpy arrays runs as :func:`simulate` does),
+    "simulation" and "baremetal" (called with numpy arrays, :func:`simulate`), "benchmark" (numpy arrays
+    and a projected latency, :func:`benchmark`). Other options (compiler flags) do not change what runs."""
+    if mode not in _MODES:
+        raise ValueError(f"nki.jit: mode is one of {list(_MODES)}, got {mode!r}")
     if fn is None:
-        return lambda f: Kernel(f, platform_target=platform_target)
-    return Kernel(fn, platform_target=platform_target)
+        return lambda f: jit(f, platform_target=platform_target, mode=mode, **options)
+    kernel = Kernel(fn, platform_target=platform_target)
+    if mode in ("simulation", "baremetal"):
+        return _NumpyKernel(kernel, f"nki.jit(mode={mode!r})")
+    if mode == "benchmark":
+        return _BenchmarkKernel(kernel, "nki.jit(mode='benchmark')")
+    return kernel
 
 
 def nki_op(name: str, *, mutates_args: Sequence[str] = (), schema: Optional[str] = None) -> Callable:
@@ -261,3 +284,212 @@ def is_nki_op(op: Any) -> bool:
     ``"mylib::rmsnorm"``) was registered by :func:`nki_op`: its calls run NKI kernels."""
     schema = getattr(op, "_schema", None)
     return (schema.name if schema is not None else str(op)) in _OPS
+
+
+# ---- the host harness: numpy in, numpy out (AWS's nki.simulate_kernel, nki.baremetal, nki.benchmark) ----
+
+def _as_kernel(kernel, what: str) -> Kernel:
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, _NumpyKernel):  # nki.benchmark(nki.simulate(k)) and the like: the kernel inside
+        return kernel.kernel
+    if callable(kernel):
+        return Kernel(kernel)
+    raise TypeError(f"{what} takes a kernel (a function, or one decorated with @nki.jit), got "
+                    f"{type(kernel).__name__}")
+
+
+def _numpy_call(args, kwargs) -> bool:
+    """Whether a kernel call is given numpy arrays and no torch tensor."""
+    values = list(itertools.chain(args, kwargs.values()))
+    has_numpy = any(type(v).__module__ == "numpy" and type(v).__name__ == "ndarray" for v in values)
+    return has_numpy and not any(isinstance(v, torch.Tensor) for v in values)
+
+
+def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequence[str] = (),
+               placeholders: bool = False):
+    """Run ``kernel`` on numpy arrays: each is copied to the neuron device, the kernel runs there, the
+    arrays it was given are updated with what it wrote to them (outputs the caller allocated), and what
+    it returns comes back as numpy arrays. Returns (result, {target: Estimate})."""
+    import numpy as np
+
+    device = torch.device("neuron", torch.neuron.current_device())
+    pairs = []
+
+    def to_device(name, a):
+        if isinstance(a, typing.TensorType):
+            if not placeholders:
+                raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} is an annotation ({a!r}); only "
+                                f"nki.benchmark takes annotations for inputs, the others take numpy arrays")
+            return a.placeholder(f"{what}({kernel.fn.__name__}) argument {name}").to(device)
+        if isinstance(a, torch.Tensor):
+            raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} is a torch.Tensor; this harness takes "
+                            f"numpy arrays (call the kernel itself with neuron tensors)")
+        if isinstance(a, np.ndarray):
+            try:
+                if a.dtype.name == "bfloat16":  # ml_dtypes.bfloat16, as AWS's samples use
+                    t = torch.from_numpy(np.ascontiguousarray(a).view(np.uint16)).view(torch.bfloat16).to(device)
+                else:
+                    t = torch.from_numpy(np.ascontiguousarray(a)).to(device)
+            except TypeError:
+                raise TypeError(f"{what}({kernel.fn.__name__}): argument {name} has NumPy dtype {a.dtype}, which "
+                                f"has no NKI counterpart") from None
+            pairs.append((a, t))
+            return t
+        return a
+
+    targs = [to_device(str(i), a) for i, a in enumerate(args)]
+    tkwargs = {k: to_device(repr(k), v) for k, v in kwargs.items()}
+    result = kernel(*targs, **tkwargs)
+    estimates = {kernel.last_estimate.target: kernel.last_estimate}
+    for target in estimate_targets:
+        if target not in estimates:
+            estimates[target] = kernel.estimate(*targs, target=target, **tkwargs)
+    for a, t in pairs:  # what the kernel wrote into its arguments (nl.store into an output it was given)
+        if a.flags.writeable:
+            host = t.cpu()
+            host = host.view(torch.uint16).numpy().view(a.dtype) if a.dtype.name == "bfloat16" else host.numpy()
+            np.copyto(a, host.reshape(a.shape))
+
+    def to_numpy(x):
+        if isinstance(x, torch.Tensor):
+            return _numpy_of(x.cpu(), what)
+        if isinstance(x, (tuple, list)):
+            return type(x)(to_numpy(v) for v in x)
+        return x
+
+    return to_numpy(result), estimates
+
+
+def _numpy_of(t: torch.Tensor, what: str):
+    """A CPU tensor as a numpy array; bfloat16 as ml_dtypes.bfloat16 (AWS's NumPy bfloat16) when ml_dtypes is
+    installed, else widened to float32 (exact) with a warning in the log."""
+    if t.dtype == torch.bfloat16:
+        try:
+            import ml_dtypes
+        except ImportError:
+            logging.getLogger("torchneuron").warning(
+                "%s: a bfloat16 result is returned as float32 (exact): NumPy has no bfloat16 without ml_dtypes", what)
+            return t.float().numpy()
+        return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return t.numpy()
+    except TypeError:
+        raise TypeError(f"{what}: a result of dtype {t.dtype} has no NumPy counterpart") from None
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """``nki.simulate_kernel(kernel, *arrays, **kwargs)``: run ``kernel`` on numpy arrays, return numpy arrays.
+
+    As AWS's ``simulate_kernel``, inputs and outputs are ``numpy.ndarray``; here the kernel runs on the
+    emulated NeuronCore (the neuron device) with the same checks as a call with neuron tensors."""
+    result, _ = _run_numpy(_as_kernel(kernel, "nki.simulate_kernel"), "nki.simulate_kernel", args, kwargs)
+    return result
+
+
+class _NumpyKernel:
+    """A kernel called with numpy arrays (``nki.simulate``, ``nki.baremetal``, ``nki.benchmark``)."""
+
+    def __init__(self, kernel: Kernel, what: str):
+        self.kernel, self.what = kernel, what
+        functools.update_wrapper(self, kernel.fn)
+
+    def __call__(self, *args, **kwargs):
+        result, _ = _run_numpy(self.kernel, self.what, args, kwargs)
+        return result
+
+    def __getitem__(self, grid) -> "_NumpyKernel":
+        return type(self)(self.kernel[grid], self.what)
+
+
+def simulate(kernel=None, **options):
+    """``nki.simulate(kernel)(*arrays)``: the kernel as a function of numpy arrays (see :func:`simulate_kernel`)."""
+    if kernel is None:
+        return lambda k: simulate(k, **options)
+    return _NumpyKernel(_as_kernel(kernel, "nki.simulate"), "nki.simulate")
+
+
+def baremetal(kernel=None, **options):
+    """``@nki.baremetal`` / ``@nki.baremetal(save_neff_name=...)``: the kernel called with numpy arrays.
+
+    AWS's compiles and runs it on a local NeuronDevice; here it runs on the emulated one. Its options
+    (``save_neff_name``, ``save_trace_name``, ``additional_compile_opt``, ``artifacts_dir``) name compiler
+    artifacts that do not exist here: they are accepted and logged, no file is written."""
+    if kernel is None:
+        return lambda k: baremetal(k, **options)
+    if options:
+        logging.getLogger("torchneuron").info("nki.baremetal(%s): options %s produce no artifacts on the emulated "
+                                              "NeuronCore", getattr(kernel, "__name__", kernel), sorted(options))
+    return _NumpyKernel(_as_kernel(kernel, "nki.baremetal"), "nki.baremetal")
+
+
+_PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
+
+
+@dataclasses.dataclass
+class Latency:
+    """``benchmark_result.nc_latency``: the kernel's PROJECTED latency (the cost model's estimate on one
+    NeuronCore of ``target``, :meth:`Kernel.estimate`), not a measurement. The model is deterministic, so
+    every percentile is the same figure; it excludes the host-device transfers AWS's ``neuron-bench``
+    includes."""
+
+    target: str
+    estimate: Estimate
+    projection: bool = True
+
+    def get_latency_percentile(self, percentile: int) -> float:
+        """The projected latency in microseconds (the same for every percentile AWS offers)."""
+        if percentile not in _PERCENTILES:
+            raise ValueError(f"get_latency_percentile({percentile!r}): the percentiles are {list(_PERCENTILES)}")
+        return self.estimate.seconds * 1e6
+
+    def __str__(self) -> str:
+        return f"projected latency {self.estimate.seconds * 1e6:.2f} us on {self.target} (PROJECTION, not measured)"
+
+
+@dataclasses.dataclass
+class BenchmarkResult:
+    """``kernel.benchmark_result``: the projection for the kernel's target (``nc_latency``) and for every
+    generation (``estimates``, target -> :class:`Estimate`)."""
+
+    nc_latency: Latency
+    estimates: Dict[str, Estimate]
+    warmup: int
+    iters: int
+
+
+class _BenchmarkKernel(_NumpyKernel):
+    def __init__(self, kernel: Kernel, what: str, warmup: int = 10, iters: int = 100):
+        super().__init__(kernel, what)
+        self.warmup, self.iters = warmup, iters
+        self.benchmark_result: Optional[BenchmarkResult] = None
+
+    def __call__(self, *args, **kwargs):
+        result, estimates = _run_numpy(self.kernel, self.what, args, kwargs, TARGETS, placeholders=True)
+        own = self.kernel.last_estimate
+        self.benchmark_result = BenchmarkResult(Latency(own.target, own), estimates, self.warmup, self.iters)
+        log = logging.getLogger("torchneuron")
+        for target, e in estimates.items():
+            log.info("nki.benchmark(%s): %s", self.kernel.fn.__name__, e)
+        return result
+
+    def __getitem__(self, grid) -> "_BenchmarkKernel":
+        return _BenchmarkKernel(self.kernel[grid], self.what, self.warmup, self.iters)
+
+
+def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, **options):
+    """``@nki.benchmark(warmup=10, iters=100)``: the kernel called with numpy arrays; after a call,
+    ``kernel.benchmark_result.nc_latency.get_latency_percentile(50)`` is its latency in microseconds.
+
+    There is no NeuronDevice to time here: the latency is the cost model's PROJECTION for one NeuronCore
+    of the kernel's target (:meth:`Kernel.estimate`; ``benchmark_result.estimates`` has every generation),
+    labelled as such, and unlike AWS's the kernel's outputs are computed (from the inputs given). As
+    with AWS's, an input may be given as an annotation (``nt.tensor[[128, 512], nl.bfloat16]``): it
+    stands for zeros of that shape and dtype.
+    ``warmup`` and ``iters`` are recorded; the projection does not depend on them."""
+    for name, v in (("warmup", warmup), ("iters", iters)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"nki.benchmark: {name} is a non-negative int, got {v!r}")
+    if kernel is None:
+        return lambda k: benchmark(k, warmup=warmup, iters=iters, **options)
+    return _BenchmarkKernel(_as_kernel(kernel, "nki.benchmark"), "nki.benchmark", warmup, iters)

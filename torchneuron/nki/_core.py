@@ -186,20 +186,68 @@ def _release(r: KernelRun, buffer: Buffer, per_partition: int, banks: int) -> No
         r.psum_banks_live -= banks
 
 
+class ParDim(int):
+    """``nl.par_dim(n)``: an axis size marked as the partition dimension of a tile's shape."""
+
+    def __repr__(self) -> str:
+        return f"par_dim({int(self)})"
+
+
+def par_axis(shape) -> int:
+    """The partition axis of a tile shape: the one marked with ``nl.par_dim``, else the first."""
+    marked = [i for i, s in enumerate(shape) if isinstance(s, ParDim)]
+    if len(marked) > 1:
+        fail(ValueError, f"a tile shape marks one partition dimension (nl.par_dim), got {len(marked)} in "
+                         f"{tuple(shape)}")
+    return marked[0] if marked else 0
+
+
+def as_dtype(d, what: str = "dtype") -> torch.dtype:
+    """An nl dtype (a torch dtype), or the same given as a NumPy dtype or scalar type (``np.float32``)."""
+    if isinstance(d, torch.dtype):
+        return d
+    if d is bool:
+        return torch.bool
+    try:
+        import numpy as np
+
+        nd = np.dtype(d) if (isinstance(d, np.dtype) or (isinstance(d, type) and issubclass(d, np.generic))) else None
+    except TypeError:
+        nd = None
+    if nd is not None:
+        try:
+            return torch.from_numpy(np.empty(0, dtype=nd)).dtype
+        except TypeError:
+            pass
+        fail(TypeError, f"{what}: NumPy dtype {nd} has no NKI counterpart")
+    fail(TypeError, f"{what}: expected an nl dtype (nl.float32, nl.bfloat16, ...) or a NumPy dtype (np.float32, "
+                    f"...), got {d!r}")
+
+
 class Tile:
-    """A tile of SBUF or PSUM: ``data`` (device memory, partition axis first) and what was written."""
+    """A tile of SBUF or PSUM: ``data`` (device memory, partition axis first) and what was written.
+
+    A shape may mark its partition axis with ``nl.par_dim``; axes before it are block axes (a block
+    of tiles, each with the partition axis)."""
 
     def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
         r = run()
+        dtype = as_dtype(dtype)
+        if isinstance(shape, (int, torch.SymInt)):
+            shape = (shape,)
+        pa = par_axis(tuple(shape))
         shape = tuple(int(s) for s in shape)
         if not shape:
             fail(ValueError, "a tile needs at least one axis (the partition axis)")
-        if shape[0] > hw.PMAX:
-            fail(ValueError, f"a tile's partition axis (its first) holds at most {hw.PMAX} partitions; "
+        if any(s < 0 for s in shape):
+            fail(ValueError, f"a tile's shape has no negative sizes, got {shape}")
+        if shape[pa] > hw.PMAX:
+            which = "its first" if pa == 0 else f"axis {pa}, marked nl.par_dim"
+            fail(ValueError, f"a tile's partition axis ({which}) holds at most {hw.PMAX} partitions; "
                              f"got shape {shape} in {buffer!r}")
         if buffer is psum and dtype not in (torch.float32, torch.int32):
             fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
-        per_partition = math.prod(shape[1:]) * _itemsize(dtype)
+        per_partition = math.prod(shape[:pa] + shape[pa + 1:]) * _itemsize(dtype)
         banks = 0
         if buffer is sbuf:
             if r.sbuf_live + per_partition > r.gen.sbuf_partition_bytes:
@@ -261,6 +309,11 @@ class Tile:
         _nl().charge_vector("broadcast_to", out.shape, 1, out.dtype)
         return out
 
+    def reshape(self, shape) -> "TileView":
+        """The same elements, in row-major order, under another shape with the same partitions (a view:
+        writes through it write this tile)."""
+        return _reshape(self, shape)
+
     def __repr__(self) -> str:
         return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
 
@@ -297,9 +350,27 @@ class TileView:
     def __getitem__(self, index):
         return TileView(self.tile, _compose(self.index, index, self.tile.data))
 
+    def reshape(self, shape) -> "TileView":
+        return _reshape(self, shape)
+
+    def __setitem__(self, index, value) -> None:
+        view = TileView(self.tile, _compose(self.index, index, self.tile.data))
+        write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+
     __add__, __radd__, __sub__, __rsub__ = Tile.__add__, Tile.__radd__, Tile.__sub__, Tile.__rsub__
     __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (Tile.__mul__, Tile.__rmul__, Tile.__truediv__,
                                                               Tile.__rtruediv__, Tile.__neg__)
+
+
+def _reshape(x, shape) -> "TileView":
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    current = tuple(x.shape)
+    if math.prod(shape) != math.prod(current) or not shape or shape[0] != current[0]:
+        fail(ValueError, f"reshape: a tile of shape {current} reshapes to a shape with the same partitions "
+                         f"({current[0]}) and elements ({math.prod(current)}), got {shape}")
+    data = x.tile.data
+    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), x.index)
+    return TileView(x.tile, ("flat", positions.reshape(shape)))
 
 
 def _nl():
@@ -323,7 +394,7 @@ def _compose(outer, inner, data: torch.Tensor):
     if outer is Ellipsis:
         return _index(inner)
     # A view of a view: index the flat positions of the first view.
-    positions = torch.arange(data.numel(), device=data.device).reshape(data.shape)[outer][_index(inner)]
+    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)[_index(inner)]
     return ("flat", positions)
 
 

@@ -292,10 +292,22 @@ def tensor_copy(*args, **kwargs):
 
 @instruction
 def memset(*args, **kwargs):
+    if "shape" in kwargs or (args and isinstance(args[0], (tuple, list))):  # the earlier form: a new tile
+        if "shape" in kwargs:
+            shape, rest = kwargs.pop("shape"), list(args)
+        else:
+            shape, rest = args[0], list(args[1:])
+        value, dtype = _take(rest, kwargs, ["value", "dtype"])
+        if value is None or dtype is None:
+            fail(ValueError, "memset(shape=, value=, dtype=) needs a value and a dtype")
+        dst = Tile(shape, dtype, kwargs.pop("buffer", sbuf))
+        write(dst, torch.tensor(value, device=dst.tile.data.device), "memset")
+        nl.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
+        return dst
     dst, rest = _split_dst(args, kwargs, [("value", "other")], "memset")
     (value,) = _take(rest, kwargs, ["value"])
     if dst is None:
-        fail(ValueError, "memset needs dst=")
+        fail(ValueError, "memset needs dst= (or, in the earlier form, shape=, value=, dtype=)")
     write(dst, torch.tensor(value, device=dst.tile.data.device), "memset")
     nl.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
     return dst

@@ -16,8 +16,8 @@ from typing import Optional
 import torch
 
 from . import _hardware as hw
-from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, Tile, TileView, _fake, both, defined, fail, hbm, hbm_parts,
-                    instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
+from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, as_dtype, both, defined, fail,
+                    hbm, hbm_parts, instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
                     shared_hbm, write)
 
 __all__ = [
@@ -26,14 +26,15 @@ __all__ = [
     "num_programs", "matmul", "transpose", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "abs", "negative", "reciprocal",
     "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
-    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d",
+    "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds", "empty_like", "zeros_like", "device_print",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
-    "uint8", "bool_",
+    "uint8", "uint16", "uint32", "bool_",
 ]
 
 float32, bfloat16, float16, tfloat32 = torch.float32, torch.bfloat16, torch.float16, torch.float32
 float8_e4m3, float8_e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
 int8, int16, int32, uint8, bool_ = torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool
+uint16, uint32 = torch.uint16, torch.uint32
 
 
 class tile_size:
@@ -72,7 +73,10 @@ def charge_dma(name: str, nbytes: int) -> None:
 def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
     dtype = _dtype(dtype)
+    if isinstance(shape, int):
+        shape = (shape,)
     if isinstance(buffer, Buffer) and not buffer.on_chip:
+        shape = tuple(int(s) for s in shape)
         r = run()
         if buffer is shared_hbm and r.grid:  # a grid's programs share what they allocate there, in order
             slot = r.shared_slot
@@ -104,6 +108,49 @@ def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
 @instruction
 def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
     return full(shape, 1, dtype, buffer)
+
+
+def device_print(prefix: str, x, *, mask=None, **kwargs) -> None:
+    """The values of a tile or an HBM tensor, written to the log ``torchneuron.nki.device_print`` at INFO
+    (as AWS's simulator prints them; library code here logs instead of printing)."""
+    import logging
+
+    log = logging.getLogger("torchneuron.nki.device_print")
+    if isinstance(x, (HbmTensor, HbmView)):
+        tensor, index = hbm_parts(x)
+        data = tensor if index is Ellipsis else tensor[index]
+    else:
+        data = read(x, "nl.device_print")
+    if isinstance(data, torch.Tensor) and (_fake(data) or not log.isEnabledFor(logging.INFO)):
+        return
+    if isinstance(data, torch.Tensor) and mask is not None:
+        m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=data.device)
+        data = data[m.expand(data.shape)]
+    values = data.cpu().tolist() if isinstance(data, torch.Tensor) else data
+    log.info("%s %s", prefix, values)
+
+
+def _like(x, what: str):
+    if isinstance(x, (Tile, TileView, HbmTensor, HbmView)):
+        return x
+    fail(TypeError, f"nl.{what} takes a tile or a tensor in HBM, got {type(x).__name__}")
+
+
+def empty_like(x, dtype=None, buffer: Optional[Buffer] = None, name: str = ""):
+    """An uninitialized tensor of ``x``'s shape, of ``dtype`` and in ``buffer`` (default: ``x``'s)."""
+    x = _like(x, "empty_like")
+    if buffer is None:
+        buffer = x.buffer if isinstance(x, (Tile, TileView)) else shared_hbm
+    return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer)
+
+
+@instruction
+def zeros_like(x, dtype=None, buffer: Optional[Buffer] = None, name: str = ""):
+    """Zeros of ``x``'s shape, of ``dtype`` and in ``buffer`` (default: ``x``'s)."""
+    x = _like(x, "zeros_like")
+    if buffer is None:
+        buffer = x.buffer if isinstance(x, (Tile, TileView)) else shared_hbm
+    return full(x.shape, 0, dtype if dtype is not None else x.dtype, buffer)
 
 
 @instruction
@@ -179,13 +226,28 @@ def arange(*args) -> IndexExpr:
     return IndexExpr(torch.arange(*args, device=r.device if r else "cpu"))
 
 
+class _Grid(tuple):
+    """``nl.mgrid[...]``'s index expressions, one per axis; also named as NKI names them: ``.p`` (the
+    partition axis), ``.x``, ``.y``, ``.z`` (the free axes)."""
+
+    def _axis(self, i: int, name: str):
+        if i >= len(self):
+            raise AttributeError(f"nl.mgrid of {len(self)} axes has no .{name}")
+        return self[i]
+
+    p = property(lambda self: self._axis(0, "p"))
+    x = property(lambda self: self._axis(1, "x"))
+    y = property(lambda self: self._axis(2, "y"))
+    z = property(lambda self: self._axis(3, "z"))
+
+
 class _MGrid:
     def __getitem__(self, slices):
         if not isinstance(slices, tuple):
             slices = (slices,)
         r = _maybe_run()
         ranges = [torch.arange(s.start or 0, s.stop, s.step or 1, device=r.device if r else "cpu") for s in slices]
-        return tuple(IndexExpr(t) for t in torch.meshgrid(*ranges, indexing="ij"))
+        return _Grid(IndexExpr(t) for t in torch.meshgrid(*ranges, indexing="ij"))
 
 
 mgrid = _MGrid()
@@ -222,9 +284,27 @@ def _maybe_run():
 
 
 def _dtype(d):
-    if isinstance(d, torch.dtype):
-        return d
-    fail(TypeError, f"expected an nl dtype (nl.float32, nl.bfloat16, ...), got {d!r}")
+    return as_dtype(d)
+
+
+def par_dim(size) -> ParDim:
+    """Marks ``size`` as the partition dimension of a tile shape: ``nl.ndarray((nl.par_dim(128), 512), ...)``
+    is the same tile as ``(128, 512)``; axes before it are block axes, each block a tile of its own."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        fail(TypeError, f"nl.par_dim takes an int axis size, got {type(size).__name__}")
+    if not 0 < size <= hw.PMAX:
+        fail(ValueError, f"nl.par_dim({size}): a partition dimension holds 1 to {hw.PMAX} partitions")
+    return ParDim(size)
+
+
+def ds(start, size) -> slice:
+    """The dynamic slice ``start:start + size`` of one axis: ``t[nl.ds(i * 128, 128), :]``."""
+    for what, v in (("start", start), ("size", size)):
+        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)):
+            fail(TypeError, f"nl.ds: {what} is an int, got {type(v).__name__}")
+    if start < 0 or size < 1:
+        fail(ValueError, f"nl.ds({start}, {size}): a slice starts at 0 or later and holds at least one element")
+    return slice(start, start + size)
 
 
 # ---- arithmetic -----------------------------------------------------------------------------------
