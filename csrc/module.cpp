@@ -47,8 +47,7 @@ py::dict deviceProperties(int index) {
 }
 
 py::tuple memGetInfo(int index) {
-  checkDevice(static_cast<c10::DeviceIndex>(index));
-  initDevice(static_cast<c10::DeviceIndex>(index));
+  useDevice(static_cast<c10::DeviceIndex>(index));
   size_t free_bytes = 0, total = 0;
   rt::memGetInfo(index, &free_bytes, &total);
   return py::make_tuple(free_bytes, total);
@@ -333,8 +332,7 @@ PYBIND11_MODULE(_C, m) {
       "_synchronize",
       [](int i) {
         const auto index = static_cast<c10::DeviceIndex>(i);
-        checkDevice(index);
-        initDevice(index);
+        useDevice(index);
         checkRuntime(runtime::synchronizeDevice(i), index, "torch.neuron.synchronize()");
       },
       py::call_guard<py::gil_scoped_release>());

@@ -395,8 +395,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override { return allocateOn(currentDevice(), nbytes); }
 
   c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes) {
-    checkDevice(device);
-    initDevice(device);  // the first allocation is the device's first use; raises in a bad fork
+    useDevice(device);  // the first allocation is the device's first use; raises in a bad fork
     auto& d = *devices_[device];
     const size_t size = roundSize(nbytes);
     std::shared_ptr<c10::GatheredContext> context;

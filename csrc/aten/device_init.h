@@ -34,4 +34,10 @@ inline void initDevice(c10::DeviceIndex index) {
   detail::initDeviceSlow(index);
 }
 
+// A use of device `index`: checks that it exists, then initialises the devices at their first use.
+inline void useDevice(c10::DeviceIndex index) {
+  checkDevice(index);
+  initDevice(index);
+}
+
 }  // namespace torchneuron

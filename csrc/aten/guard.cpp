@@ -47,8 +47,7 @@ c10::Device resolve(c10::Device d) {
 
 c10::Stream currentStream(c10::DeviceIndex index) {
   if (index < 0) index = tls_device;
-  checkDevice(index);
-  initDevice(index);  // every launch asks for its stream: the first is the device's first use
+  useDevice(index);  // every launch asks for its stream: the first is the device's first use
   return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), tls_streams[index]);
 }
 
@@ -78,23 +77,20 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getDefaultStream(c10::Device d) const override {
     d = resolve(d);
-    checkDevice(d.index());
-    initDevice(d.index());
+    useDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, 0);
   }
 
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
     d = resolve(d);
-    checkDevice(d.index());
-    initDevice(d.index());
+    useDevice(d.index());
     const auto id = 1 + pool_counters[d.index()]++ % kStreamsPerPool;
     return c10::Stream(c10::Stream::UNSAFE, d, static_cast<c10::StreamId>(id));
   }
 
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
     d = resolve(d);
-    checkDevice(d.index());
-    initDevice(d.index());
+    useDevice(d.index());
     return c10::Stream(c10::Stream::UNSAFE, d, next_stream_id++);
   }
 
@@ -131,8 +127,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
         "Event device index ", int(device_index), " does not match recording stream's device index ",
         int(stream.device_index()), ".");
-    checkDevice(stream.device_index());
-    initDevice(stream.device_index());
+    useDevice(stream.device_index());
     auto*& ev = *reinterpret_cast<rt::Event*>(event);
     if (ev == nullptr) rt::eventCreate(&ev, flag == c10::EventFlag::BACKEND_DEFAULT);
     checkRuntime(runtime::recordEvent(ev, stream.device_index(), stream.id()), stream.device_index(), "event record");
@@ -140,8 +135,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) return;
-    checkDevice(stream.device_index());
-    initDevice(stream.device_index());
+    useDevice(stream.device_index());
     checkRuntime(runtime::streamWaitEvent(stream.device_index(), stream.id(), static_cast<rt::Event>(event)),
                  stream.device_index(), "wait_event");
   }
@@ -156,14 +150,12 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    checkDevice(stream.device_index());
-    initDevice(stream.device_index());
+    useDevice(stream.device_index());
     return runtime::queryStream(stream.device_index(), stream.id()) == rt::Status::Success;
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
-    checkDevice(stream.device_index());
-    initDevice(stream.device_index());
+    useDevice(stream.device_index());
     checkRuntime(runtime::synchronizeStream(stream.device_index(), stream.id()), stream.device_index(),
                  "stream synchronize");
   }
@@ -176,8 +168,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    checkDevice(device_index);
-    initDevice(device_index);
+    useDevice(device_index);
     checkRuntime(runtime::synchronizeDevice(device_index), device_index, "device synchronize");
   }
 

@@ -45,8 +45,7 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     const auto device = index < 0 ? currentDevice() : index;
-    checkDevice(device);
-    initDevice(device);
+    useDevice(device);
     return newGenerator(index);
   }
 
