@@ -159,6 +159,21 @@ def test_out_of_memory_error_names_device_size_and_capacity(device_works):
     device_works()
 
 
+@pytest.mark.parametrize("request_bytes", [(20 << 30) + 123_456_789, (17 << 30) + 1])
+def test_python_and_the_allocator_write_sizes_alike(request_bytes):
+    """One formatter per language: the OOM message's sizes are those of torchneuron._units.format_bytes."""
+    from torchneuron._units import format_bytes
+
+    total = torch.neuron.mem_get_info()[1]
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(request_bytes, dtype=torch.uint8, device="neuron")
+    msg = str(info.value)
+    assert f"Tried to allocate {format_bytes(request_bytes)}." in msg
+    assert f"total capacity of {format_bytes(total)}" in msg
+    assert [format_bytes(n) for n in (0, 1023, 1024, 1536, 5 << 20)] == [
+        "0 bytes", "1023 bytes", "1.00 KiB", "1.50 KiB", "5.00 MiB"]
+
+
 def test_out_of_memory_on_second_device_names_it(two_devices, device_works):
     with pytest.raises(torch.OutOfMemoryError, match="neuron:1"):
         torch.empty(17 << 30, dtype=torch.uint8, device="neuron:1")

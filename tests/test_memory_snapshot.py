@@ -394,6 +394,6 @@ def test_offline_page_marks_an_out_of_memory_error(tmp_path, monkeypatch):
     (dump,) = tmp_path.glob("neuron_oom_snapshot_dev0_*.pickle")
     html = _offline_page(tmp_path, dump)
     _assert_offline(html)
-    assert '<line class="oom"' in html and "tried to allocate 1048576 GiB" in html
+    assert '<line class="oom"' in html and "tried to allocate 1048576.0 GiB" in html
     assert int(_summary_row(html, 0)["ooms"]) == 1
     del x

@@ -50,7 +50,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..neuron.memory import _format_size
+from .._units import format_bytes
 from . import cuda_compat
 from .runner import run_script
 
@@ -374,7 +374,7 @@ def _device_ops(profiler: torch.profiler.profile) -> list[dict[str, Any]]:
 
 
 def _bytes(n: float) -> str:
-    return _format_size(n, digits=1)
+    return format_bytes(n, digits=1)
 
 
 def _where(d: dict[str, Any], base: str) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from .. import _C
+from .._units import format_bytes
 from ._memory_history import _dump_snapshot, _record_memory_history, _snapshot  # noqa: F401
 from ._utils import _get_device_index
 
@@ -83,14 +84,6 @@ def host_memory_stats() -> "OrderedDict[str, Any]":
     return OrderedDict(sorted(_C._host_memory_stats().items()))
 
 
-def _format_size(n: float, digits: int = 2) -> str:
-    """Return a byte count as text in B, KiB, MiB or GiB with ``digits`` decimals (none for bytes)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
-        n /= 1024
-    return f"{n:.{digits}f} GiB"
-
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """Return a readable table of a device's memory statistics.
@@ -113,13 +106,13 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     ]
     pools = ("all",) if abbreviated else ("all", "large_pool", "small_pool")
     line = "=" * 79
-    out = [line, f" neuron:{index} memory summary (capacity {_format_size(total)}, free {_format_size(free)})".ljust(79), line,
+    out = [line, f" neuron:{index} memory summary (capacity {format_bytes(total)}, free {format_bytes(free)})".ljust(79), line,
            f"{'Metric':<34}|{'Cur Usage':>10} |{'Peak Usage':>11} |{'Tot Alloc':>10} |{'Tot Freed':>10}", "-" * 79]
     for title, key, is_bytes in rows:
         for pool in pools:
             name = title if pool == "all" else f"  from {pool.replace('_', ' ')}"
             vals = [stats.get(f"{key}.{pool}.{m}", 0) for m in ("current", "peak", "allocated", "freed")]
-            fmt = _format_size if is_bytes else str
+            fmt = format_bytes if is_bytes else str
             out.append(f"{name:<34}|" + "|".join(f"{fmt(v):>10} " for v in vals))
     out.append("-" * 79)
     out.append(f"{'Allocation retries':<34}|{stats.get('num_alloc_retries', 0):>10} ")

@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .._units import format_bytes
+
 __all__ = ["MAX_ACTIONS", "DeviceSummary", "render_html", "summarize"]
 
 #: The newest actions of a device's trace that the timeline draws.
@@ -139,13 +141,8 @@ def summarize(snapshot: dict) -> list[DeviceSummary]:
     return out
 
 
-def _fmt_bytes(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
+def _bytes(n: float) -> str:
+    return format_bytes(n, digits=1)
 
 
 def _short_path(path: str) -> str:
@@ -416,7 +413,7 @@ def _timeline_svg(device: int, tl: dict, data: dict) -> str:
         yy = _f(y(v))
         out.append(f'<line class="grid" x1="{_LEFT}" x2="{x_end}" y1="{yy}" y2="{yy}"/>'
                    f'<text class="tick" x="{_LEFT - 6}" y="{yy}" text-anchor="end" dy="4">'
-                   f'{html.escape(_fmt_bytes(v))}</text>')
+                   f'{html.escape(_bytes(v))}</text>')
         v += step_b
     if tl["steps"]:
         xs = _nice_step(tl["steps"], 8)
@@ -456,8 +453,8 @@ def _timeline_svg(device: int, tl: dict, data: dict) -> str:
     for o in tl["ooms"]:
         xx = _f(o["x"])
         out.append(f'<line class="oom" x1="{xx}" x2="{xx}" y1="{_TOP}" y2="{_TOP + _PLOT_H}">'
-                   f'<title>out of memory (action {o["action"]}): tried to allocate {html.escape(_fmt_bytes(o["size"]))}'
-                   f' with {html.escape(_fmt_bytes(o["free"]))} free on the device</title></line>'
+                   f'<title>out of memory (action {o["action"]}): tried to allocate {html.escape(_bytes(o["size"]))}'
+                   f' with {html.escape(_bytes(o["free"]))} free on the device</title></line>'
                    f'<text class="oomlabel" x="{xx}" y="{_TOP + 12}" dx="3">OOM</text>')
     out.append('</svg>')
     data["bands"] = table
@@ -634,7 +631,7 @@ def render_html(snapshot: dict, *, title: str = "memory snapshot", max_actions: 
             parts.append(_timeline_svg(device, tl, dev_data))
             parts.append('<div class="legend muted"><span><svg width="26" height="10"><line x1="0" x2="26" y1="5" '
                          'y2="5" class="reserved"/></svg> reserved by segments</span>'
-                         + (f"<span>peak of the drawn actions: {_fmt_bytes(tl['peak'])}</span>")
+                         + (f"<span>peak of the drawn actions: {_bytes(tl['peak'])}</span>")
                          + ("<span>the reserved line is cut at the top: the cache is over twice the peak</span>"
                             if tl["max_reserved"] > 2 * max(tl["peak"], 1) else "")
                          + "</div>")
@@ -644,8 +641,8 @@ def render_html(snapshot: dict, *, title: str = "memory snapshot", max_actions: 
             cached = summary.reserved - summary.allocated
             parts.append(f'<p class="muted">{summary.segments:,} segments in address order, lengths proportional '
                          "to their sizes (at least a few pixels), wrapping over rows. "
-                         f'<span class="sw" style="background:#3d85c6"></span>allocated {_fmt_bytes(summary.allocated)}'
-                         f' &nbsp;<span class="sw" style="background:#cfd6dc"></span>cached {_fmt_bytes(cached)}</p>')
+                         f'<span class="sw" style="background:#3d85c6"></span>allocated {_bytes(summary.allocated)}'
+                         f' &nbsp;<span class="sw" style="background:#cfd6dc"></span>cached {_bytes(cached)}</p>')
             if note:
                 parts.append(f'<p class="note">{html.escape(note)}</p>')
             parts.append(svg)
@@ -664,8 +661,8 @@ def render_html(snapshot: dict, *, title: str = "memory snapshot", max_actions: 
             f'<tr data-device="{s.device}" data-allocated="{s.allocated}" data-reserved="{s.reserved}" '
             f'data-peak="{peak}" data-allocations="{s.allocations}" data-segments="{s.segments}" '
             f'data-ooms="{s.ooms}">'
-            f"<td>neuron:{s.device}</td><td>{_fmt_bytes(s.allocated)}</td><td>{_fmt_bytes(s.reserved)}</td>"
-            f"<td>{s.segments:,}</td><td>{'recording off' if s.peak is None else _fmt_bytes(s.peak)}</td>"
+            f"<td>neuron:{s.device}</td><td>{_bytes(s.allocated)}</td><td>{_bytes(s.reserved)}</td>"
+            f"<td>{s.segments:,}</td><td>{'recording off' if s.peak is None else _bytes(s.peak)}</td>"
             f"<td>{s.allocations:,}</td><td>{s.actions:,}</td><td>{s.ooms}</td></tr>")
     selector = ""
     if len(shown) > 1:

@@ -22,6 +22,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.cpu_worker import CPUWorker
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
+from .._units import format_bytes
 from . import patches
 from .model_runner import NeuronModelRunner
 
@@ -69,7 +70,7 @@ class NeuronWorker(CPUWorker):
         except torch.OutOfMemoryError as e:
             index = self.device.index
             raise ValueError(
-                f"The model's weights do not fit in neuron:{index} ({_size(self.capacity)}, "
+                f"The model's weights do not fit in neuron:{index} ({format_bytes(self.capacity)}, "
                 f"TORCHNEURON_DEVICE_MEMORY): {e}. Raise TORCHNEURON_DEVICE_MEMORY, use a smaller model or dtype, "
                 f"or tensor_parallel_size > 1 (gpu_memory_utilization={self.cache_config.gpu_memory_utilization} "
                 f"then leaves room for the KV cache).") from e
@@ -86,21 +87,21 @@ class NeuronWorker(CPUWorker):
         if explicit is not None:
             if explicit > free:
                 raise ValueError(
-                    f"neuron:{index} has {_size(free)} free of {_size(self.capacity)}, less than "
-                    f"the {_size(explicit)} asked for the KV cache (kv_cache_memory_bytes). Lower "
+                    f"neuron:{index} has {format_bytes(free)} free of {format_bytes(self.capacity)}, less than "
+                    f"the {format_bytes(explicit)} asked for the KV cache (kv_cache_memory_bytes). Lower "
                     f"kv_cache_memory_bytes, or raise TORCHNEURON_DEVICE_MEMORY.")
-            logger.info("neuron:%d: KV cache %s (set explicitly)", index, _size(explicit))
+            logger.info("neuron:%d: KV cache %s (set explicitly)", index, format_bytes(explicit))
             return explicit
         available = self.requested_memory - used
         if available <= 0:
             raise ValueError(
-                f"The model needs {_size(used)} on neuron:{index}, more than the "
-                f"{_size(self.requested_memory)} that gpu_memory_utilization={utilization} allows of its "
-                f"{_size(self.capacity)}, leaving nothing for the KV cache. Raise "
+                f"The model needs {format_bytes(used)} on neuron:{index}, more than the "
+                f"{format_bytes(self.requested_memory)} that gpu_memory_utilization={utilization} allows of its "
+                f"{format_bytes(self.capacity)}, leaving nothing for the KV cache. Raise "
                 f"gpu_memory_utilization or TORCHNEURON_DEVICE_MEMORY, or use a smaller model or "
                 f"tensor_parallel_size > 1.")
         logger.info("neuron:%d: KV cache %s (%s x %.2f, less %s for the model and activations)",
-                    index, _size(available), _size(self.capacity), utilization, _size(used))
+                    index, format_bytes(available), format_bytes(self.capacity), utilization, format_bytes(used))
         return available
 
     def device_memory(self) -> dict:
@@ -123,10 +124,6 @@ class NeuronWorker(CPUWorker):
             if getattr(self, "_patched", False):
                 self._patched = False
                 patches.undo()
-
-
-def _size(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _tensors(value):
