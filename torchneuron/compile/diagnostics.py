@@ -1,8 +1,9 @@
 """What torch.compile did to a program: graphs, graph breaks and recompiles, with reasons and source lines.
 
-:func:`report` reads Dynamo's own records (``torch._dynamo.utils.counters``
-and the compilation metrics Dynamo keeps per compiled frame), plus the graph
-breaks :func:`install` saw through Dynamo's ``graph_breaks`` log. With
+:func:`report` reads Dynamo's own records: ``torch._dynamo.utils.counters``, the
+compilation metrics Dynamo keeps per compiled frame, and the graph-break reasons
+with their user stacks that Dynamo keeps for ``torch._dynamo.explain``
+(``torch._dynamo.utils.graph_break_reasons``). No log text is parsed. With
 ``TORCHNEURON_COMPILE_LOG=1`` every compile, graph break and recompile is also
 logged as it happens, through ``logging.getLogger("torchneuron")``.
 
@@ -25,13 +26,11 @@ log = logging.getLogger("torchneuron")
 
 ENV_LOG = "TORCHNEURON_COMPILE_LOG"
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
-_BREAK_AT = re.compile(r"Graph break[^\n]*? in user code at (?P<loc>\S+:\d+)\n(?:Graph Break Reason: )?(?P<reason>.*)",
-                       re.S)
 _METRICS_LIMIT = 100_000
 
 _lock = threading.Lock()
 _installed = False
-_break_locations: dict[str, list[str]] = {}   # first line of reason -> "file:line" of each break seen
+_breaks_logged = 0  # how many of Dynamo's graph-break reasons the live log has told
 
 
 @dataclass
@@ -143,31 +142,6 @@ def _location(filename: str | None, lineno: int | None) -> str:
     return f"{filename}:{lineno}"
 
 
-class _GraphBreakHandler(logging.Handler):
-    """Receives Dynamo's graph break log records and keeps (reason, location)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a log handler must not raise
-            return
-        match = _BREAK_AT.search(message)
-        if match is None:
-            return
-        loc = match.group("loc")
-        path, _, line = loc.rpartition(":")
-        loc = _location(path, int(line))
-        reason = _first_line(match.group("reason"))
-        with _lock:
-            _break_locations.setdefault(reason, []).append(loc)
-        if _live():
-            explanation = _explanation(match.group("reason"))
-            log.info("torch.compile graph break at %s: %s%s", loc, reason, f" ({explanation})" if explanation else "")
-
-
-_break_handler = _GraphBreakHandler(level=logging.DEBUG)
-
-
 def _live() -> bool:
     return os.environ.get(ENV_LOG, "0") not in ("", "0", "false", "False")
 
@@ -182,19 +156,6 @@ def _listen(logger: logging.Logger, handler: logging.Handler, level: int) -> Non
 
 
 def _attach_handlers() -> None:
-    import torch._dynamo.convert_frame  # noqa: F401  (defines the graph break loggers)
-    import torch._dynamo.symbolic_convert  # noqa: F401
-    from torch._logging._internal import log_state
-
-    user_wants_breaks = log_state.is_artifact_enabled("graph_breaks")
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("torch._dynamo.") and name.endswith(".__graph_breaks"):
-            logger = logging.getLogger(name)
-            if user_wants_breaks:
-                if _break_handler not in logger.handlers:
-                    logger.addHandler(_break_handler)
-            else:
-                _listen(logger, _break_handler, logging.DEBUG)
     if _live():
         _listen(logging.getLogger("torch._utils_internal"), _metrics_handler, logging.INFO)
 
@@ -219,6 +180,32 @@ _metrics_handler = _MetricsHandler(level=logging.INFO)
 
 def _on_compile_end(args: Any) -> None:
     _attach_handlers()  # torch._logging.set_logs() may have reset PyTorch's loggers
+    if _live():
+        _log_new_graph_breaks()
+
+
+def _graph_break_reasons() -> list[Any]:
+    from torch._dynamo.utils import graph_break_reasons
+
+    return list(graph_break_reasons)
+
+
+def _break_location(reason: Any) -> str:
+    """Where in the user's code a graph break happened: the innermost frame of its user stack."""
+    stack = getattr(reason, "user_stack", None) or []
+    return _location(stack[-1].filename, stack[-1].lineno) if stack else "?"
+
+
+def _log_new_graph_breaks() -> None:
+    global _breaks_logged
+    reasons = _graph_break_reasons()
+    with _lock:
+        start = _breaks_logged if _breaks_logged <= len(reasons) else 0  # torch._dynamo.reset() cleared them
+        _breaks_logged = len(reasons)
+    for r in reasons[start:]:
+        explanation = _explanation(r.reason)
+        log.info("torch.compile graph break at %s: %s%s", _break_location(r), _first_line(r.reason),
+                 f" ({explanation})" if explanation else "")
 
 
 def _log_compile(m: Any) -> None:
@@ -307,8 +294,9 @@ def report(log_it: bool = False) -> CompileReport:
         if m.recompile_reason:
             result.recompiles.append(Recompile(name, where, m.compile_id, m.recompile_reason.strip()))
 
-    with _lock:
-        seen = {reason: list(locs) for reason, locs in _break_locations.items()}
+    seen: dict[str, list[str]] = {}
+    for r in _graph_break_reasons():
+        seen.setdefault(_first_line(r.reason), []).append(_break_location(r))
     for full_reason, count in counters["graph_break"].items():
         reason = _first_line(full_reason)
         locations = list(dict.fromkeys(seen.pop(reason, [])))
@@ -326,10 +314,12 @@ def report(log_it: bool = False) -> CompileReport:
 
 
 def reset() -> None:
-    """Forget what :func:`report` counts so far (clears Dynamo's counters and compilation metrics)."""
-    from torch._dynamo.utils import clear_compilation_metrics, counters
+    """Forget what :func:`report` counts so far (clears Dynamo's counters, compilation metrics and graph-break reasons)."""
+    global _breaks_logged
+    from torch._dynamo.utils import clear_compilation_metrics, counters, graph_break_reasons
 
     counters.clear()
     clear_compilation_metrics()
+    graph_break_reasons.clear()
     with _lock:
-        _break_locations.clear()
+        _breaks_logged = 0
