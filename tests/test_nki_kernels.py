@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchneuron
 import torch.nn.functional as F
 
 import torchneuron  # noqa: F401
@@ -138,9 +139,17 @@ def test_the_kernels_run_in_fused_eager():
     x, w = _rms_inputs()
     q, k, v = _attn_inputs()
     want = (F.rms_norm(x, (128,), w, 1e-6) + 1, F.scaled_dot_product_attention(q, k, v, is_causal=True) * 3)
+    torchneuron.compile.fused_report(reset=True)
     with torch.neuron.eager_mode("fused"):
         got = (nki_ops.rms_norm(x + 0, w, 1e-6) + 1, nki_ops.attention(q * 1, k, v, True) * 3)
+        pending = torchneuron.compile.fused_report()
         got = [t.cpu() for t in got]
+    report = torchneuron.compile.fused_report(reset=True)
+    # Fused eager saw the work: ops were recorded and held until the host read them, then ran as groups.
+    assert pending.recorded_ops >= 1 and pending.mode == "fused", pending
+    assert report.recorded_ops >= pending.recorded_ops and report.groups, report
+    assert sum(g.ops for g in report.groups) == report.recorded_ops, report
+    assert "Memcpy DtoH" in report.cuts, report  # the host's read of the results cut the last group
     _close(got[0], want[0], rtol=1e-5, atol=1e-5)
     _close(got[1], want[1], rtol=1e-4, atol=1e-5)
 
