@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchneuron
 import torch.nn.functional as F
 
-import torchneuron  # noqa: F401
+import torchneuron
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
