@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="bench_serving_")
     subprocess.run([sys.executable, str(ROOT / "tests" / "data" / "vllm_tiny_llama.py"), tmp, "512", "4", "8"],
                    check=True, capture_output=True)
+    # A terminated benchmark stops its servers too: SIGTERM unwinds through the finally below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     servers = {side: start_server(tmp, side, args.threads, 256 << 20) for side in ("cpu", "neuron")}
     try:
         for proc, base in servers.values():
