@@ -281,6 +281,7 @@ PyMethodDef kLaunch = {"_launch", reinterpret_cast<PyCFunction>(reinterpret_cast
 }  // namespace
 
 void bindFused(py::module& m);  // fused/binding.cpp
+void installFusedEager();        // fused/fused.cpp: fused eager behind aten's held-work table (aten/held_work.h)
 
 // The runtime _C runs on must implement the interface _C was built against: the same major
 // version, at least the same minor one (neuron_runtime.h).
@@ -305,6 +306,7 @@ PYBIND11_MODULE(_C, m) {
     if (e) torch::translate_exception_to_python(e);
   });
   checkRuntimeVersion();
+  installFusedEager();
   bindFused(m);
   registerFastOps();
   registerWidenedOps();

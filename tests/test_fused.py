@@ -157,6 +157,36 @@ def test_the_policy_is_set_by_name_and_a_bad_change_changes_nothing():
     assert _C._fused_config(**before)["max_ops"] == 99
 
 
+def test_the_policy_is_one_object_with_its_figures_learning_rule_and_cut_rules():
+    policy = _C._fused_policy()
+    figures = policy.figures()
+    assert figures == _C._fused_config() and policy["min_ops"] == figures["min_ops"]
+    with policy.changed(gain=0.3, cold_seconds=2.0):  # the same figures fused eager runs on
+        assert _C._fused_config()["gain"] == 0.3 and policy["cold_seconds"] == 2.0
+        assert policy.expect(100) == pytest.approx((2.0 + figures["cold_seconds_per_op"] * 100, 0.3))
+    assert policy.figures() == figures
+    with pytest.raises(ValueError, match="min_ops must be positive"):
+        with policy.changed(min_ops=0):
+            pass
+    assert policy.figures() == figures
+    # The learning rule: a cold compile at the machine's measured rate, a warm one at the group's own time.
+    cold, gain = figures["cold_seconds"], figures["gain"]
+    assert policy.expect(100, 0.01) == pytest.approx((cold + 1.0, gain))
+    assert policy.expect(100, 0.01, {"ops": 100}) == pytest.approx((figures["warm_seconds_per_op"] * 100, gain))
+    assert policy.expect(100, None, {"ops": 100, "warm_seconds": 4.0, "gain": -0.2}) == pytest.approx((4.0, -0.2))
+    n = figures["rate_ops"] * 2
+    rate, group = policy.learn(n, cold + 3.0, 2.0, 1.5)  # compiled cold: the machine's rate is measured
+    assert rate == pytest.approx(3.0 / n) and group == {"ops": n, "gain": pytest.approx(0.25)}
+    again, warm = policy.learn(n, 0.5, 2.0, 1.0, rate, group)  # from the cache: the group's own time
+    assert again == pytest.approx(rate) and warm == {"ops": n, "warm_seconds": 0.5, "gain": pytest.approx(0.5)}
+    assert group == {"ops": n, "gain": pytest.approx(0.25)}  # the history given is not changed in place
+    assert policy.learn(figures["rate_ops"] - 1, 10.0, 0.0, 0.0) == (None, {"ops": figures["rate_ops"] - 1})
+    cuts = {rule["key"]: rule for rule in policy.cuts}
+    assert set(cuts) == {"collective", "random", "data_dependent", "host_read", "host_copy"}
+    assert cuts["random"]["tags"] == ["nondeterministic_seeded"] and cuts["random"]["runs_alone"]
+    assert not cuts["host_read"]["runs_alone"] and "_to_copy" in cuts["host_copy"]["ops"]
+
+
 def test_a_size_bound_cuts_long_groups():
     _C._fused_config(max_ops=10)
     x = torch.zeros(4, device="neuron")

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torchneuron import projection
+from torchneuron import _C, projection
 from torchneuron.projection import counting, validation
 from torchneuron.projection.model import ModelHints, Parallelism, get_target, load_hardware
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig, build
@@ -618,7 +618,9 @@ def test_counting_marks_where_fused_eager_cuts_its_groups():
 
 
 def test_fused_mode_compiles_groups_between_cuts_and_runs_small_ones_op_by_op():
-    from torchneuron.projection.model import FUSED_MIN_OPS, _kernels
+    from torchneuron.projection.model import _kernels
+
+    FUSED_MIN_OPS = _C._fused_policy()["min_ops"]
 
     def op(cut=""):
         return counting.OpRecord("aten.add.Tensor", counting.ELEMENTWISE, 1.0, 8, 4, "float32", cut=cut)
@@ -657,3 +659,40 @@ def test_fused_eager_projects_between_eager_and_compiled():
     assert launches["compiled"] < launches["fused"] < launches["eager"] / 5
     assert rows["compiled"]["step_s"] <= rows["fused"]["step_s"] < rows["eager"]["step_s"]
     assert rows["fused"]["mode"] == "fused"
+
+
+def test_the_projection_reads_fused_eagers_live_policy():
+    """The projection keeps no copy of fused eager's policy: a figure changed through the policy object
+    changes its answer, and restoring it restores the answer."""
+    policy = _C._fused_policy()
+    with projection.count() as p:
+        w = torch.randn(16, 16, device="neuron")
+        for _ in range(2):
+            x = w
+            for _ in range(16):  # a group of 49 ops between two reads: compiled under the default min_ops
+                x = (x * 1.01 + 0.5).relu()
+            x.sum().item()
+            projection.mark_step(samples=16)
+
+    def launches():
+        return p.project(["trn1.32xlarge"], mode="fused").rows[0]["breakdown"]["launch overhead"]
+
+    eager = p.project(["trn1.32xlarge"], mode="eager").rows[0]["breakdown"]["launch overhead"]
+    default = launches()
+    assert policy["min_ops"] <= 49 and default < eager / 5
+    before = policy.figures()
+    with policy.changed(min_ops=10_000):  # no group is big enough now: every op runs op by op
+        assert policy["min_ops"] == 10_000
+        assert launches() == pytest.approx(eager)
+    assert policy.figures() == before
+    assert launches() == pytest.approx(default)
+    with policy.changed(max_ops=4):  # groups cut at 4 ops, too small to compile
+        assert launches() == pytest.approx(eager)
+    assert policy.figures() == before
+
+
+def test_the_projections_cut_names_are_the_policys_cut_rules():
+    rules = {r["key"]: r for r in _C._fused_policy().cuts}
+    assert counting.CUT_RANDOM == rules["random"]["name"] and counting.CUT_HOST_READ == rules["host_read"]["name"]
+    assert set(counting.RUNS_ALONE) == {r["name"] for r in rules.values() if r["runs_alone"]}
+    assert counting.CUT_HOST_READ not in counting.RUNS_ALONE

@@ -27,7 +27,6 @@
 #include "device.h"
 #include "device_init.h"
 #include "held_work.h"
-#include "../fused/fused_mode.h"
 
 #include <torch/csrc/profiler/combined_traceback.h>
 
@@ -288,14 +287,14 @@ void reserveLocked(DeviceState& d, std::unique_lock<std::mutex>& lock, c10::Devi
                    const std::shared_ptr<c10::GatheredContext>& context, Fn get) {
   rt::Status s = get();
   // Fused eager: a recorded group may refer to cached blocks (its intermediates'), so it runs before
-  // they go; while an op is being recorded it cannot, and the op then runs on its own (fused.cpp).
-  const bool held = fusedHolding();
-  if (s == rt::Status::OutOfMemory && held && !fusedRecordingHere()) {
+  // they go; while an op is being recorded it cannot, and the op then runs on its own (held_work.h).
+  const bool held = holdingWork();
+  if (s == rt::Status::OutOfMemory && held && !recordingOpHere()) {
     lock.unlock();
-    flushFused("out of memory");
+    flushHeldWork("out of memory");
     lock.lock();
   }
-  if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty()) && !(held && fusedRecordingHere())) {
+  if (s == rt::Status::OutOfMemory && (!d.cache.empty() || !d.pending.empty()) && !(held && recordingOpHere())) {
     d.stats.num_alloc_retries++;
     if (rt::asyncMode()) {
       lock.unlock();
@@ -532,7 +531,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return devicesInitialized(); }  // as CUDA's: once the devices are
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
-    flushFused("empty_cache");  // fused eager: a recorded group may still refer to cached blocks
+    flushHeldWork("empty_cache");  // fused eager: a recorded group may still refer to cached blocks
     std::shared_ptr<c10::GatheredContext> context;
     if (recording()) context = gatherContext(Context::All);
     for (size_t i = 0; i < devices_.size(); ++i) {
@@ -543,7 +542,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    flushFused("memory stats");  // fused eager: the frees a recorded group holds back happen first
+    flushHeldWork("memory stats");  // fused eager: the frees a recorded group holds back happen first
     checkDevice(device);
     auto& d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mutex);

@@ -11,8 +11,7 @@
 #include "arguments.h"
 #include "host_addressable.h"
 #include "fallback.h"
-#include "../fused/fused_mode.h"
-#include "../fused/deferred.h"
+#include "deferred.h"
 #include "quantized.h"
 #include "../runtime/kernel_scope.h"
 
@@ -263,7 +262,7 @@ class Call {
 }  // namespace
 
 void neuronFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  if (fusedRecording() && recordOp(op, stack)) return;       // recorded into the fused group; results allocated
+  if (recordingOps() && recordOp(op, stack)) return;       // recorded (fused eager: into its group); results allocated
   if (rt::asyncMode() && !rt::insideKernel() && enqueueOp(op, stack)) return;  // queued; results allocated
   KernelArguments arguments;  // strict mode: the memory of the host views made for the CPU kernel
   Call call(op);

@@ -9,7 +9,6 @@
 #include "host_addressable.h"
 #include "fallback.h"
 #include "widening.h"
-#include "../fused/fused_mode.h"
 
 #include <ATen/Operators.h>
 #include <ATen/core/boxing/impl/boxing.h>
@@ -104,7 +103,7 @@ template <class Op, class... Args>
 struct Fast<Op, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     static const bool widened = widens(Op::name);
-    if (fusedRecording()) {
+    if (recordingOps()) {
       // Recorded ops run later: a dtype the CPU kernel lacks is widened when recorded.
       return widened ? throughWidening<Op, at::Tensor, Args...>(args...)
                      : throughFallback<Op, at::Tensor, Args...>(args...);
@@ -170,7 +169,7 @@ template <class Op, class... Outs, class... Args>
 struct Fast<Op, std::tuple<Outs...>(Args...)> {
   static_assert((std::is_same_v<Outs, at::Tensor> && ...), "only ops returning tensors");
   static std::tuple<Outs...> call(Args... args) {
-    if (fusedRecording()) return throughFallback<Op, std::tuple<Outs...>, Args...>(args...);
+    if (recordingOps()) return throughFallback<Op, std::tuple<Outs...>, Args...>(args...);
     KernelArguments arguments;  // strict mode: the memory of the host views made here
     Scan scan;
     (scan.add(args), ...);
@@ -185,7 +184,7 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
 template <class Op, class... Args>
 struct Fast<Op, at::Tensor&(Args...)> {
   static at::Tensor& call(Args... args) {
-    if (fusedRecording()) {
+    if (recordingOps()) {
       at::Tensor& out = outArgument<Args...>(args...);
       throughFallback<Op, at::Tensor, Args...>(args...);
       return out;

@@ -8,7 +8,6 @@
 // CPU's kernel through the boxed fallback, as before.
 #include "fallback.h"
 #include "launch.h"
-#include "../fused/fused_mode.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -46,7 +45,7 @@ bool fillZeroThroughRuntime(const at::Tensor& self) {
   if (!self.defined() || self.device().type() != kNeuron || self.layout() != c10::kStrided || self.is_quantized() ||
       self.is_nested() || self.is_conj() || self.is_neg() || !self.has_storage())
     return false;
-  if (fusedRecording()) return false;  // recorded through the fallback like every op
+  if (recordingOps()) return false;  // recorded through the fallback like every op
   const size_t nbytes = static_cast<size_t>(self.numel()) * self.itemsize();
   if (nbytes < kRuntimeFillBytes || !self.is_non_overlapping_and_dense()) return false;
   void* ptr = self.data_ptr();  // a dense tensor covers [ptr, ptr + nbytes) exactly

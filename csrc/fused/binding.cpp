@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -234,7 +235,7 @@ const std::vector<std::pair<const char*, ConfigField>>& configFields() {
   return fields;
 }
 
-py::dict configure(const py::kwargs& changes) {
+py::dict configure(const py::dict& changes) {
   auto& config = fusedConfig();
   py::dict before;
   for (const auto& [name, field] : configFields())
@@ -261,6 +262,98 @@ py::dict configure(const py::kwargs& changes) {
   return before;
 }
 
+// The policy as Python sees it (torchneuron._C._fused_policy()): its figures live, its learning rule
+// and its cut rules (policy.h). `changed(**figures)` changes figures for a `with` block.
+struct PolicyView {};
+struct PolicyChange {
+  py::dict changes;
+  py::dict before;
+};
+
+std::optional<double> entry(const py::dict& d, const char* key) {
+  if (!d.contains(key) || d[key].is_none()) return std::nullopt;
+  return py::cast<double>(d[key]);
+}
+
+py::list cutRules() {
+  py::list rules;
+  for (const auto& r : fusedCutRules()) {
+    py::dict d;
+    d["key"] = r.key;
+    d["name"] = r.name;
+    d["runs_alone"] = r.runs_alone;
+    d["tags"] = py::cast(std::vector<std::string>(r.tags.begin(), r.tags.end()));
+    d["ops"] = py::cast(std::vector<std::string>(r.ops.begin(), r.ops.end()));
+    d["why"] = r.why;
+    rules.append(d);
+  }
+  return rules;
+}
+
+void bindPolicy(py::module& m) {
+  py::class_<PolicyChange>(m, "_FusedPolicyChange")
+      .def("__enter__", [](PolicyChange& c) {
+        c.before = configure(c.changes);
+        return configure(py::dict());
+      })
+      .def("__exit__", [](PolicyChange& c, const py::args&) {
+        configure(c.before);
+        return false;
+      });
+  py::class_<PolicyView>(m, "_FusedPolicy",
+                         "Fused eager's policy (csrc/fused/policy.h): its figures, learning rule and cut rules.")
+      .def("figures", [](PolicyView&) { return configure(py::dict()); }, "The figures by name, as they are now.")
+      .def("__getitem__", [](PolicyView&, const std::string& name) {
+        py::dict figures = configure(py::dict());
+        TORCH_CHECK_INDEX(figures.contains(name), "fused eager's policy has no figure '", name, "'");
+        return py::object(figures[py::str(name)]);
+      })
+      .def("set", [](PolicyView&, const py::kwargs& changes) { return configure(changes); },
+           "Sets the figures given by name (all checked before any is set); returns them all as they were.")
+      .def("changed", [](PolicyView&, const py::kwargs& changes) { return PolicyChange{changes, py::dict()}; },
+           "The figures given by name, changed for a `with` block and restored after it.")
+      .def_property_readonly("cuts", [](PolicyView&) { return cutRules(); },
+                             "The cut rules, in the order an op is tested against them.")
+      .def("expect",
+           [](PolicyView&, size_t ops, std::optional<double> cold_seconds_per_op, const py::object& group) {
+             FusedGroupHistory g;
+             if (!group.is_none()) {
+               const auto d = group.cast<py::dict>();
+               g = {entry(d, "warm_seconds"), entry(d, "gain")};
+             }
+             const auto e = fusedExpect(fusedConfig(), FusedMachineHistory{cold_seconds_per_op},
+                                        group.is_none() ? nullptr : &g, ops);
+             return std::make_pair(e.compile_seconds, e.gain);
+           },
+           py::arg("ops"), py::arg("cold_seconds_per_op") = py::none(), py::arg("group") = py::none(),
+           "The learning rule: (compile seconds, gain) expected for a group of `ops` ops, given the machine's "
+           "measured cold compile time per op and the group's history (None: never compiled here).")
+      .def("learn",
+           [](PolicyView&, size_t ops, double compile_seconds, double op_seconds, double fused_seconds,
+              std::optional<double> cold_seconds_per_op, const py::object& group) {
+             FusedMachineHistory machine{cold_seconds_per_op};
+             FusedGroupHistory g;
+             py::dict out;
+             if (group.is_none()) {
+               out["ops"] = ops;
+             } else {
+               out = group.attr("copy")().cast<py::dict>();
+               g = {entry(out, "warm_seconds"), entry(out, "gain")};
+             }
+             fusedLearn(fusedConfig(), machine, g, group.is_none(), ops, compile_seconds, op_seconds, fused_seconds);
+             if (g.warm_seconds) out["warm_seconds"] = *g.warm_seconds;
+             if (g.gain) out["gain"] = *g.gain;
+             return py::make_tuple(machine.cold_seconds_per_op ? py::object(py::float_(*machine.cold_seconds_per_op))
+                                                               : py::object(py::none()),
+                                   out);
+           },
+           py::arg("ops"), py::arg("compile_seconds"), py::arg("op_seconds"), py::arg("fused_seconds"),
+           py::arg("cold_seconds_per_op") = py::none(), py::arg("group") = py::none(),
+           "The learning rule: what a compiled group measured, kept. Returns the machine's cold compile time "
+           "per op (None: still not measured) and the group's history, updated (a new one when `group` is None).");
+  m.def("_fused_policy", [] { return PolicyView{}; }, "Fused eager's policy: one object (csrc/fused/policy.h).");
+}
+
 }  // namespace
 
 void bindFused(py::module& m) {
@@ -272,8 +365,10 @@ void bindFused(py::module& m) {
   m.def("_fused_flush", [] { flushFused("flush"); });
   m.def("_fused_stats", &stats);
   m.def("_fused_reset", &resetFusedStats);
-  m.def("_fused_config", &configure,
-        "Fused eager's policy (csrc/fused/policy.h): sets the figures given by name, returns them all as they were.");
+  m.def("_fused_config", [](const py::kwargs& changes) { return configure(changes); },
+        "Fused eager's policy's figures (csrc/fused/policy.h; _fused_policy().set): sets the figures given by "
+        "name, returns them all as they were.");
+  bindPolicy(m);
   m.def("_set_fused_policy", [](py::object expect_fn, py::object learned_fn) {
     if (expecter == nullptr) expecter = new py::object(), learner = new py::object();
     *expecter = std::move(expect_fn);

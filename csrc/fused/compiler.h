@@ -1,7 +1,7 @@
 // Fused eager (fused.cpp): what the Python binding needs to compile and run a recorded group.
 #pragma once
 
-#include "deferred.h"
+#include "../aten/deferred.h"
 #include "policy.h"
 
 #include <map>
@@ -41,14 +41,11 @@ using FusedWhere = std::string (*)();
 void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter, FusedWhere where);
 
 // What compiling a group is expected to cost and to save, asked the second time a group is seen
-// (torchneuron.compile.fused keeps what earlier processes measured beside Inductor's caches): the
-// seconds compiling it should take (less when its graph is in the cache) and the fraction of its
-// op-by-op run time a compiled run saves. And what was measured, told once a compiled group has run
-// a few times: the seconds its compile took and its mean op-by-op and compiled run times.
-struct FusedExpectation {
-  double compile_seconds = -1;
-  double gain = 0;
-};
+// (torchneuron.compile.fused applies the policy's learning rule, policy.h, to what earlier processes
+// measured, kept beside Inductor's caches): the seconds compiling it should take (less when its graph
+// is in the cache) and the fraction of its op-by-op run time a compiled run saves. And what was
+// measured, told once a compiled group has run a few times: the seconds its compile took and its mean
+// op-by-op and compiled run times.
 using FusedExpect = FusedExpectation (*)(uint64_t key, size_t ops);
 using FusedLearned = void (*)(uint64_t key, size_t ops, double compile_seconds, double op_seconds,
                               double fused_seconds);

@@ -2,11 +2,15 @@
 // as one compiled graph once the same group has been seen again and compiling it pays (the pay-off
 // rule, runGroup), else op by op.
 //
-// Recording is the asynchronous mode's deferral (deferred.cpp) with one table of stand-ins for the
-// whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
+// aten sees fused eager only through its held-work table (aten/held_work.h), which installFusedEager
+// fills at start-up: aten offers each op to record() while fused mode is on, and hands the held group
+// over (handOver) before anything that must come after it.
+//
+// Recording is the asynchronous mode's deferral (aten/deferred.cpp) with one table of stand-ins for
+// the whole group: each op's meta kernel sizes its results, which are allocated now and returned, and
 // its CPU kernel is kept for later. A group is cut when anything reaches the runtime (a launch that
-// is not recorded, a copy, a synchronization: handOverHeldWork, aten/held_work.h), when the device or stream
-// changes, and at a size bound: cut points follow the program's order of ops alone, never timing.
+// is not recorded, a copy, a synchronization: the hand-over), when the device or stream changes, and
+// at a size bound: cut points follow the program's order of ops alone, never timing.
 //
 // A group is known by its signature: its ops, their non-tensor arguments, their tensors' sizes,
 // strides, offsets and dtypes, which storages they share, and which of the storages the group made
@@ -32,8 +36,6 @@
 #include <unordered_map>
 
 namespace torchneuron {
-
-std::atomic<bool> fused_mode{false};
 
 namespace {
 
@@ -325,9 +327,8 @@ std::atomic<int> in_flight{0};       // a group is running (on some thread): a c
 std::atomic<int64_t> boundaries{0};
 std::atomic<int64_t> skip_boundaries{0};
 
-}  // namespace
-
-void handOverHeldWork(HostNeed need, const char* what) {
+// aten's hand-over (aten/held_work.h): counts the host's boundaries, and runs the pending group.
+void handOver(HostNeed need, const char* what) {
   const bool boundary = need == HostNeed::HostCopy || need == HostNeed::Synchronization;
   if (fusedMode() && !running_group && boundary) {  // (only fused mode skips; op mode's launches pay nothing)
     boundaries.fetch_add(1, std::memory_order_relaxed);
@@ -335,8 +336,6 @@ void handOverHeldWork(HostNeed need, const char* what) {
   }
   if (pending.load(std::memory_order_acquire) || in_flight.load(std::memory_order_acquire) > 0) flushFused(what);
 }
-
-namespace {
 
 c10::DeviceIndex deviceOfArguments(const torch::jit::Stack& stack, size_t nargs) {
   for (size_t i = stack.size() - nargs; i < stack.size(); ++i) {
@@ -397,8 +396,8 @@ void runGroup(State& st, Group& g, const char* reason) {
       known.stable = g.stableKey();
       FusedExpectation e;
       if (st.expect != nullptr) e = st.expect(known.stable, g.size());
-      if (e.compile_seconds < 0)  // no measurement to go by: the policy's figures
-        e = {config.cold_seconds + config.cold_seconds_per_op * static_cast<double>(g.size()), config.gain};
+      if (e.compile_seconds < 0)  // no measurement to go by: the learning rule on the policy's figures alone
+        e = fusedExpect(config, FusedMachineHistory{}, nullptr, g.size());
       known.stats.expected_compile_seconds = e.compile_seconds;
       known.stats.expected_gain = e.gain;
     }
@@ -486,9 +485,7 @@ void runGroup(State& st, Group& g, const char* reason) {
   }
 }
 
-}  // namespace
-
-bool fusedRecordsNext() {
+bool recordsNext() {
   if (running_group || rt::insideKernel()) return false;  // see kernel_scope.h
   if (skip_boundaries.load(std::memory_order_relaxed) > 0 && !pending.load(std::memory_order_acquire)) {
     bypassed.fetch_add(1, std::memory_order_relaxed);
@@ -502,13 +499,10 @@ bool fusedRecordsNext() {
   bypassed.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
-bool fusedHolding() { return pending.load(std::memory_order_acquire); }
-bool fusedRecordingHere() { return recording_op; }
+bool holding() { return pending.load(std::memory_order_acquire); }
+bool recordingHere() { return recording_op; }
 
-FusedConfig& fusedConfig() {
-  static FusedConfig config;
-  return config;
-}
+}  // namespace
 
 void setFusedHooks(FusedCompile compile, FusedRun run, FusedInterpreterLock interpreter, FusedWhere where) {
   auto& st = state();
@@ -528,10 +522,12 @@ void setFusedPolicy(FusedExpect expect, FusedLearned learned) {
 
 void setFusedMode(bool on) {
   if (!on) flushFused("eager mode op");
-  fused_mode.store(on, std::memory_order_relaxed);
+  setRecordingOps(on);
 }
 
-bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+namespace {
+
+bool record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (running_group || at::globalContext().deterministicAlgorithms()) return false;
   // Where a group begins, found before its lock is taken (it runs Python, which may collect garbage
   // whose finalizers run ops): a few microseconds, once a group.
@@ -574,6 +570,8 @@ bool recordOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (static_cast<int64_t>(g.size()) >= fusedConfig().max_ops) flushFused("size bound");
   return true;
 }
+
+}  // namespace
 
 void flushFused(const char* reason) {
   if (running_group) return;
@@ -620,6 +618,10 @@ void resetFusedStats() {
   skip_boundaries.store(0, std::memory_order_relaxed);
   st.unprofitable = 0;
   st.backoff = 0;
+}
+
+void installFusedEager() {
+  registerHeldWork(HeldWork{&recordsNext, &record, &handOver, &flushFused, &holding, &recordingHere});
 }
 
 }  // namespace torchneuron

@@ -225,10 +225,10 @@ def compile_group(ops: Sequence[tuple], storages: Sequence[tuple], floats: Seque
 
 
 # The pay-off rule (csrc/fused/fused.cpp): a group seen again is compiled once its op-by-op runs have
-# cost enough that what compiling saves would have paid for the compile. Its figures before anything is
-# measured on this machine are the policy's (csrc/fused/policy.h, read with _C._fused_config()). What a
-# process measures is kept in HISTORY beside Inductor's caches, so the next process starts from it: a
-# group's own compile time and gain, and the machine's cold compile time per op.
+# cost enough that what compiling saves would have paid for the compile. What to expect, and how what a
+# process measured changes that, is the policy's learning rule (csrc/fused/policy.h, _C._fused_policy()),
+# on its figures. What a process measures is kept here, in HISTORY beside Inductor's caches, so the next
+# process starts from it: a group's own compile time and gain, and the machine's cold compile time per op.
 HISTORY = "torchneuron-fused-groups.json"
 
 
@@ -272,35 +272,22 @@ _history = _History()
 def expect(key: int, ops: int) -> tuple[float, float]:
     """What compiling the group ``key`` (its signature's digest) of ``ops`` ops is expected to cost in
     seconds, and the fraction of its op-by-op run time a compiled run saves (the pay-off rule's view)."""
-    policy = _C._fused_config()
     with _history.lock:
         data = _history.load()
-        group = data["groups"].get(f"{key:016x}")
-        if group is None:  # never compiled here: a cold compile
-            per_op = float(data.get("cold_seconds_per_op", policy["cold_seconds_per_op"]))
-            return policy["cold_seconds"] + per_op * ops, policy["gain"]
-        return (float(group.get("warm_seconds", policy["warm_seconds_per_op"] * ops)),
-                float(group.get("gain", policy["gain"])))
+        group = data["groups"].get(f"{key:016x}")  # None: never compiled here, a cold compile
+        return _C._fused_policy().expect(ops, data.get("cold_seconds_per_op"), group)
 
 
 def learned(key: int, ops: int, compile_seconds: float, op_seconds: float, fused_seconds: float) -> None:
     """Keep what the group ``key`` measured: its compile took ``compile_seconds``; its runs took
     ``op_seconds`` op by op (0: not measured) and ``fused_seconds`` compiled (means)."""
-    policy = _C._fused_config()
     with _history.lock:
         data = _history.load()
         name = f"{key:016x}"
-        group = data["groups"].get(name)
-        if group is None:  # it was compiled cold: the machine's rate moves towards it
-            group = data["groups"][name] = {"ops": ops}
-            if ops >= policy["rate_ops"]:
-                rate = max(compile_seconds - policy["cold_seconds"], 0.0) / ops
-                old = data.get("cold_seconds_per_op")
-                data["cold_seconds_per_op"] = rate if old is None else 0.5 * (float(old) + rate)
-        else:  # its graph came from the cache
-            group["warm_seconds"] = compile_seconds
-        if op_seconds > 0:
-            group["gain"] = 1.0 - fused_seconds / op_seconds
+        rate, data["groups"][name] = _C._fused_policy().learn(
+            ops, compile_seconds, op_seconds, fused_seconds, data.get("cold_seconds_per_op"), data["groups"].get(name))
+        if rate is not None:
+            data["cold_seconds_per_op"] = rate
         _history.save()
 
 

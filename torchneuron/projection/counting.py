@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from torchneuron import nki
+from torchneuron import _C, nki
 
 from ._step_signatures import _KernelWatch, _resolve_steps
 
@@ -109,16 +109,20 @@ _COLLECTIVE_NAMES = {
     "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter", "allreduce_coalesced_": "all_reduce",
 }
 
-# Where fused eager (docs/fused_eager.md, "Where a group is cut") ends a group of recorded ops. A
-# value read back to the host ends the group before the next op; the other causes are ops fused
-# eager cannot record, which run by themselves, op by op, between two groups.
-CUT_HOST_READ = "host read"
-CUT_HOST_COPY = "host copy"
-CUT_RANDOM = "random op"
-CUT_DATA_DEPENDENT = "data-dependent shape"
-CUT_COLLECTIVE = "collective"
-RUNS_ALONE = (CUT_HOST_COPY, CUT_RANDOM, CUT_DATA_DEPENDENT, CUT_COLLECTIVE)
-_HOST_COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"}
+# Where fused eager ends a group of recorded ops: its policy's cut rules (csrc/fused/policy.h, read
+# through torchneuron._C._fused_policy(); docs/fused_eager.md, "Where a group is cut"). A value read
+# back to the host ends the group before the next op; the other causes are ops fused eager cannot
+# record, which run by themselves, op by op, between two groups.
+_CUT_RULES = {rule["key"]: rule for rule in _C._fused_policy().cuts}
+CUT_HOST_READ = _CUT_RULES["host_read"]["name"]
+CUT_HOST_COPY = _CUT_RULES["host_copy"]["name"]
+CUT_RANDOM = _CUT_RULES["random"]["name"]
+CUT_DATA_DEPENDENT = _CUT_RULES["data_dependent"]["name"]
+CUT_COLLECTIVE = _CUT_RULES["collective"]["name"]
+RUNS_ALONE = tuple(rule["name"] for rule in _CUT_RULES.values() if rule["runs_alone"])
+_HOST_COPIES = frozenset(_CUT_RULES["host_copy"]["ops"])  # a cut when its tensors are on the host and the device
+# The rules an op's tags mark it for, in the policy's order (the first that applies is its cut).
+_TAG_CUTS = tuple((getattr(torch.Tag, tag), rule["name"]) for rule in _CUT_RULES.values() for tag in rule["tags"])
 
 # Attention kernels PyTorch's registry does not list (the CPU flash kernel the neuron device runs):
 # counted like the registry's flash-attention formulas, 2 matmuls forward and 5 backward.
@@ -585,19 +589,11 @@ def _op_info(func: Any) -> tuple:
     free = func.namespace in ("profiler", "prim") or _is_free(func, base)
     cls = _classify(base, func)
     tags = getattr(func, "tags", ())
-    if cls == COLLECTIVE:
-        cut = CUT_COLLECTIVE
-    elif torch.Tag.nondeterministic_seeded in tags:
-        cut = CUT_RANDOM
+    cut = CUT_COLLECTIVE if cls == COLLECTIVE else next((name for tag, name in _TAG_CUTS if tag in tags), "")
+    if cut == CUT_RANDOM:
         names = [a.name for a in func._schema.arguments]
         if "dropout_p" in names:
             _DROPOUT_ARG[func] = names.index("dropout_p")
-    elif torch.Tag.dynamic_output_shape in tags:
-        cut = CUT_DATA_DEPENDENT
-    elif torch.Tag.data_dependent_output in tags:  # equal, allclose: a value for the host
-        cut = CUT_HOST_READ
-    else:
-        cut = ""
     return base, cls, free, base.endswith("_"), cut, nki.is_nki_op(func)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from torchneuron import _C
 from torchneuron.projection import counting as C
 
 logger = logging.getLogger("torchneuron")
@@ -286,10 +287,6 @@ def _fused_bytes(run: Sequence[C.OpRecord]) -> float:
 
 
 MODES = ("eager", "fused", "compiled")
-# Fused eager compiles a group seen again once it has at least this many ops, and cuts a group at
-# this many (docs/fused_eager.md; csrc/fused/fused.cpp).
-FUSED_MIN_OPS = 32
-FUSED_MAX_OPS = 4096
 
 
 def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel_s: float = 0.0) -> List[Dict[str, Any]]:
@@ -298,7 +295,8 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel
     ``eager``: one kernel per op, a launch each. ``compiled``: each run of consecutive non-matmul
     ops in one phase is one kernel, matmuls their own, a kernel's cost each. ``fused`` (fused
     eager in its steady state): the ops between two of fused eager's cuts form a group; a group of
-    :data:`FUSED_MAX_OPS` or fewer and at least :data:`FUSED_MIN_OPS` ops runs as one compiled graph
+    ``max_ops`` or fewer and at least ``min_ops`` ops (the figures of fused eager's policy as they are
+    now, ``torchneuron._C._fused_policy()``) runs as one compiled graph
     (its kernels as in ``compiled``, plus one launch for the graph), a smaller one op by op, and an
     op fused eager cannot record (a random op, a copy to or from the host, a collective, a
     data-dependent shape) by itself, op by op.
@@ -306,9 +304,11 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel
     kernels: List[Dict[str, Any]] = []
     if mode == "fused":
         group: List[C.OpRecord] = []
+        figures = _C._fused_policy().figures()  # read live: a changed figure changes the projection
+        min_ops, max_ops = figures["min_ops"], figures["max_ops"]
 
         def close() -> None:
-            if len(group) >= FUSED_MIN_OPS:
+            if len(group) >= min_ops:
                 kernels.append({"flops": {}, "bytes": 0, "calls": 1, "phase": group[0].phase,
                                 "name": f"fused group launch ({len(group)} ops)", "fixed": launch_s})
                 kernels.extend(_kernels(group, "compiled", launch_s, kernel_s))
@@ -320,7 +320,7 @@ def _kernels(ops: Sequence[C.OpRecord], mode: str, launch_s: float = 0.0, kernel
             if op.cls == C.COLLECTIVE:
                 close()
                 continue
-            if op.cut or len(group) >= FUSED_MAX_OPS:
+            if op.cut or len(group) >= max_ops:
                 close()
             if op.cut in C.RUNS_ALONE:
                 kernels.extend(_kernels([op], "eager", launch_s, kernel_s))

@@ -10,9 +10,9 @@
 // its kernel is queued goes back to the caching allocator, whose blocks belong to a stream.
 #include "deferred.h"
 
-#include "../aten/allocator.h"
-#include "../aten/arguments.h"
-#include "../aten/host_addressable.h"
+#include "allocator.h"
+#include "arguments.h"
+#include "host_addressable.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 // One encoding of a boxed op's arguments as integers, shared by the two keys made of them: the meta
 // cache's (deferred.cpp: an op and its arguments' layouts, whose meta kernel's answer is kept) and a
-// fused group's signature (fused.cpp: its ops and their arguments, whose compiled graph is kept).
+// fused group's signature (csrc/fused/fused.cpp: its ops and their arguments, whose compiled graph is kept).
 //
 // Each value starts with its Token; what follows it is the token's payload. The two keys differ
 // only where they must: what a device tensor's `place` counts, a CPU scalar's payload, and whether

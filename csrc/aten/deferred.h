@@ -1,9 +1,9 @@
 // Ops whose results are known ahead of their kernel (deferred.cpp), for the two users of that:
-// asynchronous mode, which queues the kernel on a stream, and fused eager (fused.cpp), which
-// records it into a group that runs later.
+// asynchronous mode, which queues the kernel on a stream (the fallback, for every op it can), and
+// fused eager (csrc/fused/fused.cpp, behind held_work.h), which records it into a group that runs later.
 #pragma once
 
-#include "../aten/launch.h"
+#include "launch.h"
 #include "encoding.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -27,7 +27,7 @@ struct StandIn {
 };
 
 // Where a deferral finds its arguments' stand-ins and leaves its results' new storages: one op's
-// own table (asynchronous mode), or a fused group's (fused.cpp), shared by the group's ops so that
+// own table (asynchronous mode), or a fused group's (csrc/fused/fused.cpp), shared by the group's ops so that
 // each op's meta kernel sees the storages the earlier ones made.
 class StandIns {
  public:
