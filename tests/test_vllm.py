@@ -153,8 +153,9 @@ def test_greedy_compiled_equals_cpu_vllm(model_dir, cpu_run, hf_tokens):
 
 
 def test_tensor_parallel_2_equals_one_device(model_dir, neuron_eager):
+    # Two ranks on one NUMA node: vLLM's thread binding needs each rank's cores (see docs/serving.md).
     result = _generate({"model": model_dir, "prompts": PROMPTS, "max_tokens": MAX_TOKENS, "eager": True, "tp": 2},
-                       TORCHNEURON_DEVICE_MEMORY="256MiB")
+                       TORCHNEURON_DEVICE_MEMORY="256MiB", VLLM_CPU_OMP_THREADS_BIND="0|1")
     assert sorted(w["device"] for w in result["worker_memory"]) == ["neuron:0", "neuron:1"]
     assert {w["tp_backend"] for w in result["worker_memory"]} == {"neuron"}  # torchneuron.distributed
     assert result["greedy"] == neuron_eager["greedy"]
