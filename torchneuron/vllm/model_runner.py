@@ -14,7 +14,7 @@ holds on neuron. The GPU runner's CUDA streams exist only for async scheduling
 and speculative decoding, which the platform leaves off
 (:meth:`~torchneuron.vllm.platform.NeuronPlatform.check_and_update_config`).
 When ``TORCHNEURON_VLLM_SCHEDULE`` is set, each engine step's schedule is recorded on the way in
-(:mod:`torchneuron.vllm.schedule`).
+(:mod:`torchneuron.vllm.schedule_recorder`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from . import schedule
+from . import schedule_recorder
 
 __all__ = ["NeuronModelRunner"]
 
@@ -38,7 +38,7 @@ class NeuronModelRunner(CPUModelRunner):
             raise NotImplementedError("speculative decoding is not supported by vLLM on neuron")
         GPUModelRunner.__init__(self, vllm_config, device)  # its events are neuron events (torch.Event)
         self.use_cuda_graph = False
-        self.schedule_recorder = schedule.recorder(vllm_config)
+        self.schedule_recorder = schedule_recorder.recorder(vllm_config)
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
         if self.schedule_recorder is not None:

@@ -130,7 +130,8 @@ class NeuronWorker(Worker):
         return available
 
     def device_memory(self) -> dict:
-        """The worker's device, its capacity, what is allocated there and its tensor-parallel group's backend.
+        """The worker's device, its capacity, what is allocated there, its tensor-parallel group's backend and
+        the device of the event the runner waits on for sampled tokens.
 
         For ``LLM.collective_rpc("device_memory")``.
         """
@@ -139,11 +140,15 @@ class NeuronWorker(Worker):
         backend = torch.distributed.get_backend(get_tp_group().device_group)
         return {"tp_backend": str(backend), "device": str(self.device), "capacity": self.capacity,
                 "allocated": torch.neuron.memory_allocated(self.device),
+                "event_device": str(getattr(self.model_runner.transfer_event, "device", None)),
                 "kv_cache_bytes": sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                                        for t in _tensors(self.model_runner.kv_caches)}.values())}
 
     def shutdown(self) -> None:
         try:
+            recorder = getattr(getattr(self, "model_runner", None), "schedule_recorder", None)
+            if recorder is not None:
+                recorder.close()
             super().shutdown()
         finally:
             if getattr(self, "_patched", False):
