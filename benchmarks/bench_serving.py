@@ -52,6 +52,12 @@ def start_server(model: str, side: str, threads: int, kv_bytes: int) -> tuple[su
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env.update({"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
                 "TORCHNEURON_VLLM": "1" if side == "neuron" else "0", "VLLM_LOGGING_LEVEL": "WARNING"})
+    # Both servers with PyTorch's libgomp preloaded, as vLLM's CPU install guide asks
+    # (https://docs.vllm.ai/en/latest/getting_started/installation/cpu/): vLLM's CPU platform adds it to
+    # LD_PRELOAD by itself, the neuron platform writes no environment.
+    gomp = sorted((VLLM_PY.parents[1] / "lib").glob("python3*/site-packages/torch/lib/libgomp*.so*"))
+    if gomp and "libgomp" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(filter(None, [env.get("LD_PRELOAD"), str(gomp[0])]))
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
            "--enforce-eager", "--max-model-len", "512", "--block-size", "32", "--max-num-seqs", "16",
            "--kv-cache-memory-bytes", str(kv_bytes), "--enable-prefix-caching", "--host", "127.0.0.1",

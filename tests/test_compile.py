@@ -709,3 +709,42 @@ def test_patch_set_undoes_on_failure_and_rebinds_imported_names(monkeypatch):
         monkeypatch.setitem(sys.modules, "tnpatchpkg.late", late)
     assert home.f is original and user.f is original and late.f is original and table == {"k": 1}
     assert [p.target for p in ok.patches] == ["tnpatchpkg.home.f", "table[k]"]
+
+
+def test_patch_guard_skips_a_patch_the_installed_version_no_longer_needs(monkeypatch, caplog):
+    """A Patch records why, upstream and its guard; PatchSet skips, with a warning, a patch whose fixed_in
+    the installed package has reached, and applies one it has not (or one without a guard)."""
+    import logging
+    import sys
+    import types
+
+    from torchneuron import _patch
+
+    lib = types.ModuleType("tnguardlib")
+    lib.__version__ = "1.4.0+cpu"
+    lib.a = lib.b = lib.c = "original"
+    monkeypatch.setitem(sys.modules, "tnguardlib", lib)
+
+    def answer(value):
+        return lambda orig: value
+
+    patches = _patch.PatchSet("guarded", [
+        _patch.attribute(lib, "a", answer("a patched"), "a fixed upstream", why="bug", upstream="lib#1",
+                         package="tnguardlib", fixed_in="1.4"),
+        _patch.attribute(lib, "b", answer("b patched"), "b fixed later", why="bug", upstream="lib#2",
+                         package="tnguardlib", fixed_in="1.10.0"),
+        _patch.attribute(lib, "c", answer("c patched"), "c not fixed", why="bug", upstream="lib 1.4.0",
+                         package="tnguardlib"),
+    ])
+    a, b, c = patches.patches
+    assert (a.why, a.upstream, a.package, a.fixed_in) == ("bug", "lib#1", "tnguardlib", "1.4")
+    assert not a.needed() and b.needed() and c.needed()
+    with caplog.at_level(logging.WARNING, logger="torchneuron"), patches.scope():
+        assert (lib.a, lib.b, lib.c) == ("original", "b patched", "c patched")
+    assert (lib.a, lib.b, lib.c) == ("original", "original", "original")
+    assert any("tnguardlib.a not applied" in r.getMessage() and "1.4.0+cpu" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(TypeError):  # the record's fields after what are keyword only
+        _patch.Patch("t", "w", "why")
+    with pytest.raises(ValueError, match="needs the package"):
+        _patch.Patch("t", "w", fixed_in="2.0")

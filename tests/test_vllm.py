@@ -136,6 +136,52 @@ def test_kv_cache_sized_from_device_capacity(neuron_eager):
     assert neuron_eager["num_gpu_blocks"] == kv // block_bytes
 
 
+def test_events_are_neuron_events(neuron_eager):
+    """The runner waits for sampled tokens on a real event of its device (no no-op placeholder)."""
+    assert [w["event_device"] for w in neuron_eager["worker_memory"]] == ["neuron:0"]
+
+
+CONFIG_CHECK = r"""
+import json, os, sys
+from vllm.engine.arg_utils import EngineArgs
+before = dict(os.environ)
+config = EngineArgs(model=sys.argv[1], dtype="float32", max_model_len=256, tensor_parallel_size=int(sys.argv[2]),
+                    kv_cache_memory_bytes=1 << 24).create_engine_config()
+import torchneuron.vllm.worker  # noqa: F401  (the worker, its runner and vLLM's GPU worker)
+import torch
+c = config.compilation_config
+print("RESULT " + json.dumps({
+    "device_type": config.device_config.device_type, "device": str(config.device_config.device),
+    "worker_cls": config.parallel_config.worker_cls, "block_size": config.cache_config.block_size,
+    "async": config.scheduler_config.async_scheduling, "mode": c.mode.name, "backend": c.backend,
+    "compile_threads": c.inductor_compile_config.get("compile_threads"),
+    # AITER_*: vLLM's own ROCm module syncs these from its settings (vllm/_aiter_ops.py), on every platform.
+    "env_changed": sorted(k for k in set(before) | set(os.environ)
+                          if before.get(k) != os.environ.get(k) and not k.startswith("AITER_")),
+    "cpu_shm_imported": "vllm.v1.worker.cpu.shm" in sys.modules, "event": torch.Event().device.type}))
+"""
+
+
+def _config_check(model_dir: str, tp: int, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VLLM_PY), "-c", CONFIG_CHECK, model_dir, str(tp)], capture_output=True, text=True,
+                          env=_env(**env), timeout=RUN_TIMEOUT)
+
+
+def test_platform_configures_neuron_without_touching_the_environment(model_dir):
+    """vLLM's configuration for neuron: the device stays neuron, the platform's settings are made, and
+    nothing writes the process environment; importing the worker leaves torch's events real."""
+    proc = _config_check(model_dir, 1)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got == {"device_type": "neuron", "device": "neuron", "worker_cls": "torchneuron.vllm.worker.NeuronWorker",
+                   "block_size": 128, "async": False, "mode": "DYNAMO_TRACE_ONCE", "backend": "inductor",
+                   "compile_threads": 1, "env_changed": [], "cpu_shm_imported": False, "event": "neuron"}
+    # Two ranks on this host's one NUMA node: stopped at configuration, told what to set.
+    proc = _config_check(model_dir, 2)
+    assert proc.returncode != 0 and "VLLM_CPU_OMP_THREADS_BIND=" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_model_that_does_not_fit_gets_a_clear_error(model_dir):
     proc = subprocess.run([str(VLLM_PY), str(DATA / "vllm_generate.py"),
                            json.dumps({"model": model_dir, "prompts": PROMPTS[:1], "util": 0.3})], capture_output=True, text=True,
@@ -153,8 +199,9 @@ def test_greedy_compiled_equals_cpu_vllm(model_dir, cpu_run, hf_tokens):
 
 
 def test_tensor_parallel_2_equals_one_device(model_dir, neuron_eager):
+    # Two ranks on one NUMA node: vLLM's thread binding needs each rank's cores (see docs/serving.md).
     result = _generate({"model": model_dir, "prompts": PROMPTS, "max_tokens": MAX_TOKENS, "eager": True, "tp": 2},
-                       TORCHNEURON_DEVICE_MEMORY="256MiB")
+                       TORCHNEURON_DEVICE_MEMORY="256MiB", VLLM_CPU_OMP_THREADS_BIND="0|1")
     assert sorted(w["device"] for w in result["worker_memory"]) == ["neuron:0", "neuron:1"]
     assert {w["tp_backend"] for w in result["worker_memory"]} == {"neuron"}  # torchneuron.distributed
     assert result["greedy"] == neuron_eager["greedy"]

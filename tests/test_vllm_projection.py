@@ -212,3 +212,68 @@ def test_a_vllm_script_that_serves_nothing_is_told_so(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 1 and "nothing served" in proc.stdout
     assert "no engine step was recorded" in proc.stderr and "TORCHNEURON_VLLM" in proc.stderr
+
+
+# ============ the recorder's file, read back by the projection (no vLLM needed: its outputs built here) ============
+
+def _config():
+    from types import SimpleNamespace as NS
+
+    text = NS(num_attention_heads=8, num_hidden_layers=4, hidden_size=512, num_key_value_heads=4,
+              intermediate_size=1024)
+    model = NS(hf_text_config=text, hf_config=NS(architectures=["LlamaForCausalLM"]), get_head_size=lambda: 64,
+               get_vocab_size=lambda: 1000, dtype="torch.float32", model="/m", max_model_len=512,
+               enforce_eager=True)
+    return NS(model_config=model, cache_config=NS(block_size=32, num_gpu_blocks=64, enable_prefix_caching=True),
+              scheduler_config=NS(max_num_seqs=8, max_num_batched_tokens=256, enable_chunked_prefill=True),
+              parallel_config=NS(tensor_parallel_size=1, pipeline_parallel_size=1))
+
+
+def _output(new=(), cached=(), finished=(), blocks=None):
+    """A SchedulerOutput's fields the recorder reads: new requests ``(id, prompt, tokens)``, cached ones
+    ``(id, computed, outputs, tokens)``."""
+    from types import SimpleNamespace as NS
+
+    scheduled = {r[0]: r[2] for r in new} | {r[0]: r[3] for r in cached}
+    return NS(finished_req_ids=set(finished), preempted_req_ids=set(),
+              total_num_scheduled_tokens=sum(scheduled.values()), num_scheduled_tokens=scheduled,
+              scheduled_new_reqs=[NS(req_id=i, prompt_token_ids=list(range(p)), prompt_embeds=None,
+                                     block_ids=([blocks[i]] if blocks else [[]]), num_computed_tokens=0)
+                                  for i, p, _ in new],
+              scheduled_cached_reqs=NS(req_ids=[r[0] for r in cached], new_block_ids=[None] * len(cached),
+                                       resumed_req_ids=set(), num_computed_tokens=[r[1] for r in cached],
+                                       num_output_tokens=[r[2] for r in cached]))
+
+
+def test_a_recorded_file_is_read_back_by_the_projection(tmp_path):
+    """The recorder writes with torchneuron.vllm.schedule_format, the projection reads with it: the steps come
+    back as scheduled; a finished request's prompt and blocks are dropped; the file is closed by close()."""
+    from torchneuron.vllm import schedule_format
+    from torchneuron.vllm.schedule_recorder import BUFFER_LINES, ScheduleRecorder
+
+    path = tmp_path / "schedule.jsonl"
+    with ScheduleRecorder(str(path), _config(), records_here=True) as rec:
+        rec.step(_output(new=[("a", 40, 40), ("b", 10, 10)], blocks={"a": [0, 1], "b": [2]}))
+        rec.step(_output(cached=[("a", 40, 0, 1), ("b", 10, 0, 1)]))
+        assert rec.live_requests == 2
+        rec.step(_output(cached=[("a", 41, 1, 1)], finished=["b"]))
+        assert rec.live_requests == 1  # b finished: its prompt's length and blocks are gone
+        assert path.read_text().count("\n") < 4 <= BUFFER_LINES  # still held in the bounded buffer
+        file = rec._file
+    assert file.closed and rec.live_requests == 0
+    schedule = Schedule.load(str(path))
+    assert schedule.settings["block_size"] == 32 and schedule.model["layers"] == 4
+    assert schedule.model == {"architecture": "LlamaForCausalLM", "layers": 4, "hidden": 512, "heads": 8,
+                              "kv_heads": 4, "head_dim": 64, "ffn": 1024, "vocab": 1000, "dtype": "float32"}
+    got = [[(r.id, r.new, r.cached, r.prompt, r.sampled) for r in s.requests] for s in schedule.steps]
+    assert got == [[("a", 40, 0, 40, True), ("b", 10, 0, 10, True)],
+                   [("a", 1, 40, 40, True), ("b", 1, 10, 10, True)],
+                   [("a", 1, 41, 40, True)]]
+    assert [s.kv_blocks for s in schedule.steps] == [3, 3, 2]
+    assert schedule.summary()["output_tokens"] == 5
+    assert project_schedule(schedule, ["trn1.32xlarge"]).rows[0]["target"] == "trn1.32xlarge"
+    # A record of another format version is refused, not misread.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "engine", "format": 99, "model": {}}\n')
+    with pytest.raises(ValueError, match="format 99"):
+        schedule_format.read(str(bad))

@@ -22,6 +22,12 @@ torchneuron changes:
 * :func:`config`: values of a config module that has ``patch`` (Inductor's
   ``torch._inductor.config``), through that module's own ``patch``.
 
+Each :class:`Patch` also records why the change exists (``why``), the upstream
+issue or version it answers (``upstream``) and its guard: ``package`` and
+``fixed_in``, the first version of that package that no longer needs it.
+:class:`PatchSet` skips, with a warning, a patch whose guard says the installed
+version no longer needs it (the patch is then due for deletion).
+
 Example::
 
     >>> PATCHES = PatchSet("neuron graph", [attribute(module, "is_cpu", lambda orig: is_cpu, "...")])
@@ -32,12 +38,17 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
+import re
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-__all__ = ["Patch", "PatchSet", "Replacement", "attribute", "config", "item"]
+__all__ = ["Patch", "PatchSet", "Replacement", "attribute", "config", "installed_version", "item"]
+
+logger = logging.getLogger("torchneuron")
 
 
 @dataclass(frozen=True)
@@ -47,10 +58,52 @@ class Patch:
     Args:
         target: the dotted name of the replaced attribute, e.g. ``"torch.Tensor.to"``.
         what: what the replacement does.
+        why: why torchneuron needs it (keyword only, as the fields below).
+        upstream: the upstream issue, pull request or version it answers (a link where one exists).
+        package: the importable package whose version the guard reads (``"vllm"``, ``"torch"``).
+        fixed_in: the guard: the first version of ``package`` that no longer needs the patch; from that
+            version on :class:`PatchSet` skips it with a warning. ``None``: no upstream fix yet.
     """
 
     target: str
     what: str
+    why: str = field(default="", kw_only=True)
+    upstream: str = field(default="", kw_only=True)
+    package: Optional[str] = field(default=None, kw_only=True)
+    fixed_in: Optional[str] = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.fixed_in is not None and self.package is None:
+            raise ValueError(f"Patch {self.target}: fixed_in={self.fixed_in!r} needs the package it refers to")
+
+    def needed(self) -> bool:
+        """False when ``package`` is installed at ``fixed_in`` or later (the guard); True otherwise."""
+        if self.fixed_in is None:
+            return True
+        version = installed_version(self.package)
+        return version is None or _version_key(version) < _version_key(self.fixed_in)
+
+
+def installed_version(package: str) -> Optional[str]:
+    """The ``__version__`` of an importable package, or ``None`` when it is not installed."""
+    module = sys.modules.get(package)
+    if module is None:
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            return None
+    return str(getattr(module, "__version__", "")) or None
+
+
+def _version_key(version: str) -> tuple:
+    """``"0.32.0+cpu"`` -> ``(0, 32, 0)``: the release numbers of a version (pre-releases count as the release)."""
+    release = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    if release is None:
+        raise ValueError(f"cannot read a version from {version!r}")
+    parts = [int(p) for p in release.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 Undo = Callable[[], None]
@@ -117,7 +170,7 @@ def _bindings(original: Any, package: str) -> list[tuple[Any, str]]:
 
 
 def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
-              bindings: Optional[str] = None, target: Optional[str] = None) -> Replacement:
+              bindings: Optional[str] = None, target: Optional[str] = None, **record: Any) -> Replacement:
     """A replacement of ``owner.name`` by ``build(original)``.
 
     Args:
@@ -127,6 +180,7 @@ def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
         what: what the replacement does.
         bindings: a package name: also replace the original wherever a module under it bound it.
         target: the dotted name to list (default: ``owner.__name__ + "." + name``).
+        record: the :class:`Patch` fields ``why``, ``upstream``, ``package``, ``fixed_in``.
     """
     if target is None:
         target = f"{getattr(owner, '__module__', None) or ''}.{getattr(owner, '__qualname__', '')}" \
@@ -168,11 +222,11 @@ def attribute(owner: Any, name: str, build: Callable[[Any], Any], what: str, *,
 
         return undo
 
-    return Replacement(Patch(target, what), apply)
+    return Replacement(Patch(target, what, **record), apply)
 
 
 def item(mapping: Any, keys: Callable[[], Sequence[Any]], build: Callable[[Any], Any], what: str, *,
-         target: str) -> Replacement:
+         target: str, **record: Any) -> Replacement:
     """A replacement of ``mapping[key]`` by ``build(original)`` for each key ``keys()`` names when applied.
 
     Args:
@@ -181,6 +235,7 @@ def item(mapping: Any, keys: Callable[[], Sequence[Any]], build: Callable[[Any],
         build: receives an original entry, returns its replacement.
         what: what the replacement does.
         target: the dotted name to list.
+        record: the :class:`Patch` fields ``why``, ``upstream``, ``package``, ``fixed_in``.
     """
 
     def apply() -> Undo:
@@ -205,10 +260,11 @@ def item(mapping: Any, keys: Callable[[], Sequence[Any]], build: Callable[[Any],
 
         return undo
 
-    return Replacement(Patch(target, what), apply)
+    return Replacement(Patch(target, what, **record), apply)
 
 
-def config(module: Any, values: dict[str, Any], what: str, *, target: Optional[str] = None) -> Replacement:
+def config(module: Any, values: dict[str, Any], what: str, *, target: Optional[str] = None,
+           **record: Any) -> Replacement:
     """Values of a config module set through its own ``patch`` (e.g. ``torch._inductor.config``).
 
     Args:
@@ -216,6 +272,7 @@ def config(module: Any, values: dict[str, Any], what: str, *, target: Optional[s
         values: the settings.
         what: why they are set.
         target: the dotted name to list (default: the module's name and the keys).
+        record: the :class:`Patch` fields ``why``, ``upstream``, ``package``, ``fixed_in``.
     """
     if target is None:
         target = f"{module.__name__}.{{{', '.join(values)}}}"
@@ -225,14 +282,16 @@ def config(module: Any, values: dict[str, Any], what: str, *, target: Optional[s
         patch.__enter__()
         return lambda: patch.__exit__(None, None, None)
 
-    return Replacement(Patch(target, what), apply)
+    return Replacement(Patch(target, what, **record), apply)
 
 
 class PatchSet:
     """A list of replacements applied together and undone together.
 
     Applying an applied set only counts the nesting; the changes are undone when
-    the outermost scope ends.
+    the outermost scope ends. A replacement whose :class:`Patch` guard says the
+    installed library no longer needs it (:meth:`Patch.needed`) is skipped with a
+    warning (the patch is due for deletion).
 
     Args:
         name: what the set is for (used in errors and logs).
@@ -262,6 +321,12 @@ class PatchSet:
             if self._depth == 0:
                 try:
                     for replacement in self.replacements:
+                        patch = replacement.patch
+                        if not patch.needed():
+                            logger.warning("%s: %s not applied: %s %s has the upstream fix (fixed_in=%s, %s); "
+                                           "this patch is due for removal", self.name, patch.target, patch.package,
+                                           installed_version(patch.package), patch.fixed_in, patch.upstream or "")
+                            continue
                         self._undos.append(replacement.apply())
                 except BaseException:
                     self._undo_all()

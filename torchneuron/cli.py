@@ -267,7 +267,7 @@ def _run_project_served(args: argparse.Namespace) -> int:
 
     from torchneuron import projection
     from torchneuron.projection import schedule
-    from torchneuron.vllm.schedule import ENV
+    from torchneuron.vllm.schedule_format import ENV
 
     if args.fake:
         print("torchneuron project: --fake does not apply to a script that serves with vLLM (its engine's "

@@ -14,9 +14,8 @@ up gives the time each request waited for its first token, the time per output t
 and output tokens per second and per dollar, with every device of an instance serving a replica of
 the workload.
 
-File format (JSON lines): one ``{"kind": "engine", "model": {...}, ...}`` line per engine, then one
-``{"kind": "step", "requests": [[id, new, cached, prompt, sampled], ...], "kv_blocks": N}`` line
-per engine step.
+The file format is :mod:`torchneuron.vllm.schedule_format`'s (the recorder writes with it, this
+module reads with it): one engine record per engine, then one step record per engine step.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import torch
 
 from torchneuron.projection.model import get_target
 from torchneuron.projection.models import LLAMA_CONFIGS, LlamaConfig
+from torchneuron.vllm import schedule_format
 
 __all__ = ["ScheduledRequest", "EngineStep", "Schedule", "ServingReport", "project_schedule", "model_config"]
 
@@ -142,20 +142,19 @@ class Schedule:
                     kept.append(dict(rec))
                 continue
             if rec.get("kind") == "step" and engines == 1:
-                steps.append(EngineStep([ScheduledRequest(str(i), int(n), int(c), int(p), bool(s))
-                                         for i, n, c, p, s in rec["requests"]], int(rec.get("kv_blocks") or 0)))
+                steps.append(EngineStep([ScheduledRequest(*r) for r in schedule_format.requests(rec)],
+                                        int(rec.get("kv_blocks") or 0)))
                 kept.append(dict(rec))
         if head is None:
             raise ValueError("schedule: no engine record (was the engine vLLM on neuron, with "
                              "TORCHNEURON_VLLM_SCHEDULE set before it started?)")
-        settings = {k: v for k, v in head.items() if k not in ("kind", "model")}
+        settings = {k: v for k, v in head.items() if k not in ("kind", "format", "model")}
         return cls(model=dict(head["model"]), settings=settings, steps=steps, engines=engines, records=kept)
 
     @classmethod
     def load(cls, path: str) -> "Schedule":
-        """Read a schedule file (JSON lines)."""
-        with open(path) as f:
-            return cls.from_records([json.loads(line) for line in f if line.strip()])
+        """Read a schedule file (:mod:`torchneuron.vllm.schedule_format`)."""
+        return cls.from_records(schedule_format.read(path))
 
     def summary(self) -> Dict[str, Any]:
         """Requests, prompt tokens (computed, and found in the prefix cache), output tokens and the
@@ -488,8 +487,7 @@ def run_served(path: str, argv: Sequence[str], env: str, module: bool = False) -
             if e.code not in (None, 0):
                 raise
         wall = time.perf_counter() - start
-        with open(tmp) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = schedule_format.read(tmp)
     finally:
         sys.argv = old_argv
         if old_env is None:

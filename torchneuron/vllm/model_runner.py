@@ -3,18 +3,27 @@
 vLLM's CPU model runner is its GPU model runner with every device buffer made
 the same tensor as its host buffer. On neuron the two stay apart, as on a GPU:
 inputs are prepared in host memory and copied to the device, the model and the
-KV cache live in device memory, and results come back with an explicit copy.
+KV cache live in device memory, and results come back as on a GPU: a
+non-blocking copy to host memory and a device event (``torch.Event`` on the
+neuron device, the current accelerator) that the host waits on.
+
+The runner is built with the GPU runner's constructor, not the CPU runner's:
+the CPU runner replaces ``torch.Event`` and ``torch.cuda.Stream`` by no-ops
+while it builds and makes every device buffer its host buffer, none of which
+holds on neuron. The GPU runner's CUDA streams exist only for async scheduling
+and speculative decoding, which the platform leaves off
+(:meth:`~torchneuron.vllm.platform.NeuronPlatform.check_and_update_config`).
 When ``TORCHNEURON_VLLM_SCHEDULE`` is set, each engine step's schedule is recorded on the way in
-(:mod:`torchneuron.vllm.schedule`).
+(:mod:`torchneuron.vllm.schedule_recorder`).
 """
 
 from __future__ import annotations
 
 import torch
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner, _torch_cuda_wrapper
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from . import schedule
+from . import schedule_recorder
 
 __all__ = ["NeuronModelRunner"]
 
@@ -25,11 +34,11 @@ class NeuronModelRunner(CPUModelRunner):
     def __init__(self, vllm_config, device: torch.device) -> None:
         if device.type != "neuron":
             raise ValueError(f"NeuronModelRunner runs on a neuron device, got {device}")
-        # The GPU runner's CUDA streams and events have no meaning here (vLLM's CPU runner does the same).
-        with _torch_cuda_wrapper():
-            GPUModelRunner.__init__(self, vllm_config, device)
+        if vllm_config.speculative_config is not None:
+            raise NotImplementedError("speculative decoding is not supported by vLLM on neuron")
+        GPUModelRunner.__init__(self, vllm_config, device)  # its events are neuron events (torch.Event)
         self.use_cuda_graph = False
-        self.schedule_recorder = schedule.recorder(vllm_config)
+        self.schedule_recorder = schedule_recorder.recorder(vllm_config)
 
     def execute_model(self, scheduler_output, intermediate_tensors=None):
         if self.schedule_recorder is not None:
@@ -39,5 +48,6 @@ class NeuronModelRunner(CPUModelRunner):
     def _sync_device(self) -> None:
         torch.neuron.synchronize(self.device)
 
-    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
-        return sampled_token_ids.cpu().tolist()
+    # The GPU runner's: a non-blocking copy to host memory and a neuron event the host waits on
+    # (the CPU runner's version calls tolist() on the tensor where it is).
+    _to_list = GPUModelRunner._to_list
