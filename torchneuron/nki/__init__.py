@@ -43,7 +43,8 @@ from . import _hardware
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
 from . import typing  # noqa: F401  (nki.typing: annotations of tensor parameters)
-from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake, annotate
+from ._core import HbmTensor, Tile, TileView
+from ._run import _RUN, Instruction, KernelRun, _fake, annotate
 
 __all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
            "isa", "typing", "simulate_kernel", "simulate", "baremetal", "benchmark", "BenchmarkResult", "Latency"]
@@ -211,6 +212,7 @@ class Kernel:
                     result = self.fn(*wargs, **wkwargs)
                 finally:
                     _RUN.reset(token)
+                r.finish()  # SBUF/PSUM by liveness: the peaks, a MemoryError over the target's capacity
                 instructions.extend(r.instructions)
                 peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
             if profiled:
