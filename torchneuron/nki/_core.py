@@ -382,6 +382,8 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
                          f"{tuple(target_shape)}")
     t = dst.tile
     m = None
+    if mask is not None and _everywhere(mask):
+        mask = None
     if mask is not None:
         m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
         value = torch.where(m, value, _get(t.data, dst.index))
@@ -439,7 +441,7 @@ class HbmTensor:
         return self.tensor.dtype
 
     def __getitem__(self, index) -> "HbmView":
-        return HbmView(self, _index(index))
+        return HbmView(self, _as_slices(self.tensor, _index(index)))
 
     def reshape(self, shape) -> "HbmTensor":
         return HbmTensor(self.tensor.reshape(tuple(shape)))
@@ -502,8 +504,41 @@ class IndexExpr:
         return tuple(self.tensor.shape)
 
 
+def _as_slices(tensor: torch.Tensor, index):
+    """An index of one integer tensor per axis, each a run of consecutive positions along its own axis
+    (``t[i * 128 + nl.arange(128)[:, None], nl.arange(n)[None, :]]``) and in range: the same elements as
+    basic slices, which read and write in place (no gather). Anything else is returned as given."""
+    if not isinstance(index, tuple) or len(index) != tensor.dim() or _fake(tensor):
+        return index
+    slices = []
+    for d, t in enumerate(index):
+        if not isinstance(t, torch.Tensor) or t.dtype in (torch.bool, torch.uint8) or t.is_floating_point() \
+                or t.dim() != len(index) or _fake(t):
+            return index
+        if any(size != 1 and axis != d for axis, size in enumerate(t.shape)):
+            return index
+        n = t.numel()
+        flat = t.reshape(n)
+        start = int(flat[0])
+        if start < 0 or start + n > tensor.shape[d] or not torch.equal(
+                flat, torch.arange(start, start + n, dtype=flat.dtype, device=flat.device)):
+            return index
+        slices.append(slice(start, start + n))
+    return tuple(slices)
+
+
+def _everywhere(mask) -> bool:
+    """Whether a mask holds everywhere (then it changes nothing)."""
+    m = mask.tensor if isinstance(mask, IndexExpr) else mask
+    if isinstance(m, bool):
+        return m
+    return isinstance(m, torch.Tensor) and not _fake(m) and bool(m.all())
+
+
 def masked_gather(tensor: torch.Tensor, index, mask) -> torch.Tensor:
     """tensor[index] where only the elements under ``mask`` need be in range (others read as 0)."""
+    if mask is not None and _everywhere(mask):
+        mask = None
     if mask is None:
         return tensor if index is Ellipsis else tensor[index]
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
@@ -517,6 +552,13 @@ def masked_gather(tensor: torch.Tensor, index, mask) -> torch.Tensor:
 
 def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> None:
     if _fake(tensor):  # shapes only: what a store writes does not change any shape
+        return
+    if _everywhere(mask):
+        target = tensor if index is Ellipsis else tensor[index]
+        if index is Ellipsis or (isinstance(index, tuple) and all(isinstance(i, slice) for i in index)):
+            target.copy_(data.expand(target.shape))
+        else:
+            tensor[index] = data.expand(target.shape)
         return
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
     idx, shape = _broadcast_index(tensor, index)
