@@ -244,6 +244,7 @@ def assign(view, value) -> None:
     write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
     if fold:
         value._alloc.folded = r.clock
+    r.clock += 1
 
 
 def accumulate(dst, value) -> None:
@@ -265,6 +266,7 @@ def accumulate(dst, value) -> None:
         value._alloc.folded = r.clock
     else:
         _cost.charge_vector("add", shape, 1 + int(isinstance(b, torch.Tensor)), dst.dtype)
+    r.clock += 1
 
 
 def _reshape(x, shape) -> "TileView":

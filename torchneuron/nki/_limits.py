@@ -1,7 +1,7 @@
 """On-chip memory as the compiler allocates it: a tile holds its SBUF or PSUM space from its allocation
 to its last use (its last read or write), not for as long as Python keeps the object.
 
-Each kernel run keeps a clock that ticks at every instruction, tile assignment and allocation, and one
+Each kernel run keeps a clock that ticks as every instruction (or tile assignment) starts and ends, and one
 :class:`Allocation` per tile: the tick it was made at, the tick it was last used at, where it was made.
 When the program ends, :func:`check` sweeps the intervals: the peaks of SBUF (bytes per partition) and
 PSUM (banks, and bytes per partition), and, for a kernel over a capacity, a ``MemoryError`` naming the

@@ -74,8 +74,8 @@ class KernelRun:
         self.shared_hbm = [] if shared_hbm is None else shared_hbm
         self.shared_slot = 0
         self.gen = hw.current()
-        # Ticks at every instruction, tile assignment and allocation; each tile's Allocation records the
-        # tick it was made at and the tick of its last use (_limits).
+        # Ticks as each instruction (or tile assignment) starts and again as it ends; each tile's
+        # Allocation records the tick it was made at and the tick of its last use (_limits).
         self.clock = 0
         self.allocations: List[_limits.Allocation] = []
         self.sbuf_peak = self.psum_peak = 0  # bytes per partition, by liveness (set by finish())
@@ -89,7 +89,6 @@ class KernelRun:
         self.instructions.append(Instruction(name, engine, seconds, kernel_line(), work))
 
     def allocate(self, buffer: str, shape, dtype, per_partition: int, banks: int) -> _limits.Allocation:
-        self.clock += 1
         a = _limits.Allocation(buffer, shape, dtype, per_partition, banks, kernel_line(), self.clock, self.clock)
         self.allocations.append(a)
         return a
@@ -141,9 +140,11 @@ def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
         r = _RUN.get()
         if r is None:
             return fn(*args, **kwargs)
-        r.clock += 1
+        r.clock += 1  # what the instruction reads, writes and makes is used at this tick ...
         if not r.profiled or r.in_instruction:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            r.clock += 1  # ... and what comes after it, later
+            return result
         from torchneuron import _C
 
         def body():
@@ -157,6 +158,7 @@ def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
             return _C._launch(event, r.device.index, body)
         finally:
             r.in_instruction = False
+            r.clock += 1
 
     return run_instruction
 
