@@ -123,6 +123,10 @@ def main(argv=None) -> int:
         print(f"{name:<30}{km * 1e3:>9.2f}ms{om * 1e3:>9.2f}ms{ratio:>8.2f}{est['trn1'].seconds * 1e6:>10.2f}us"
               f"{est['trn2'].seconds * 1e6:>10.2f}us  {est['trn2'].bound:<12}  {verdict}")
     print("estimates: projections from the engines' published rates (docs/kernels.md), not measurements")
+    if not args.interpret:
+        import torchneuron.nki as nki
+
+        print(nki.replay_report())
     return 1 if failed else 0
 
 

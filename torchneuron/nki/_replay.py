@@ -599,6 +599,7 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
         prepared, reason = prepare(gm, before)  # (the graph as traced: its reads of values included)
         if reason:
             entry.interpret, entry.reason = True, reason
+            log.info("nki %s: replay keeps the interpreter: %s", name, reason)
             return rebuild(interpreted, tensors), call
         compiled = _compile(prepared, tensors)
         entry.compile_seconds = time.perf_counter() - start
