@@ -16,9 +16,6 @@ PACKAGES = ("torchneuron", "torch_neuronx")
 EXTENSIONS = ("torchneuron._C", "torchneuron._gloo_exit")  # compiled modules (setup.py): leaves of the graph
 
 KNOWN = {
-    frozenset({"torchneuron.nki._core", "torchneuron.nki.isa", "torchneuron.nki.language"}):
-        "nl's matmul/transpose are built from nisa's instructions while nisa takes nl's ops and cost "
-        "accounting (charge_*); the accounting moves to an internal module with the NKI API's completion",
     frozenset({"torchneuron.neuron", "torchneuron.neuron.random"}):
         "torch.cuda's own layout, kept name for name: random.py queues seeds with the package's _lazy_call "
         "and initialises with its _lazy_init, and the package re-exports random's functions; moving the "

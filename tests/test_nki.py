@@ -70,16 +70,19 @@ def test_the_chips_limits_raise_at_the_kernels_line():
 
     @nki.jit
     def sbuf_overflow(t):
-        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(4)]  # 4 x 64 KiB per partition
-        return keep
+        keep = [nl.zeros((128, 16384), nl.float32) for _ in range(4)]  # 4 x 64 KiB per partition, all live ...
+        out = nl.ndarray((128, 16384), nl.float32, buffer=nl.shared_hbm)
+        for k in keep:
+            nl.store(out, value=k)  # ... until each is stored
+        return out
 
     assert "SBUF is full" in _kernel_error(sbuf_overflow, x, kind=MemoryError)
     # trn1's partitions hold 192 KiB: 3 such tiles fit, as they do on trn2 (224 KiB) and trn3 (256 KiB).
 
     @nki.jit
     def psum_banks(t):
-        keep = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]  # a bank each, 8 banks
-        return keep
+        keep = [nl.zeros((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]  # a bank each, 8 banks
+        return [nl.copy(k) for k in keep] and None
 
     assert "PSUM is full" in _kernel_error(psum_banks, x, kind=MemoryError)
 
@@ -120,13 +123,18 @@ def test_the_chips_limits_raise_at_the_kernels_line():
         tensor_add(torch.randn(128, 512), torch.randn(128, 512))
 
 
+def _hold(tiles):
+    """Store every tile once all are made: they are live together (a tile holds its space until its last use)."""
+    for t in tiles:
+        nl.store(nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm), value=t)
+
+
 def test_capacity_follows_the_target_generation(monkeypatch):
     x = torch.randn(128, 512, device="neuron")
 
     @nki.jit
     def three_and_a_half(t):  # 3.5 x 64 KiB = 224 KiB per partition: fits trn2 and trn3, not trn1
-        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(3)]
-        keep.append(nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf))
+        _hold([nl.zeros((128, 16384), nl.float32) for _ in range(3)] + [nl.zeros((128, 8192), nl.float32)])
         return None
 
     for target, fits in (("trn1", False), ("trn2", True), ("trn3", True)):
@@ -189,8 +197,7 @@ def test_platform_target_is_the_kernels_own_and_the_override_and_estimate_win(mo
     x = torch.randn(128, 512, device="neuron")
 
     def fill(t):  # 3.5 x 64 KiB per partition: more than trn1's 192 KiB, within trn2's 224
-        keep = [nl.ndarray((128, 16384), nl.float32, buffer=nl.sbuf) for _ in range(3)]
-        keep.append(nl.ndarray((128, 8192), nl.float32, buffer=nl.sbuf))
+        _hold([nl.zeros((128, 16384), nl.float32) for _ in range(3)] + [nl.zeros((128, 8192), nl.float32)])
         return None
 
     on_trn1, on_trn2 = nki.jit(platform_target="trn1")(fill), nki.jit(fill)

@@ -59,7 +59,7 @@ def matmul_hoisted(lhsT, rhs):
     TM, TK, TN = nl.tile_size.gemm_stationary_fmax, nl.tile_size.pmax, nl.tile_size.gemm_moving_fmax
     result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
     for m in nl.affine_range(M // TM):
-        lhsT_tiles = []  # emptied first: a tile counts against SBUF while the kernel holds it
+        lhsT_tiles = []  # a new list per m, as the tutorial builds it
         for k in nl.affine_range(K // TK):
             lhsT_tiles.append(nl.load(lhsT[k * TK:(k + 1) * TK, m * TM:(m + 1) * TM]))
         for n in nl.affine_range(N // TN):

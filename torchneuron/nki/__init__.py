@@ -33,20 +33,22 @@ import dataclasses
 import functools
 import itertools
 import logging
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from torchneuron import _C
 
-from . import _hardware
+from . import _hardware, _replay
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
 from . import typing  # noqa: F401  (nki.typing: annotations of tensor parameters)
-from ._core import _RUN, HbmTensor, Instruction, KernelRun, Tile, TileView, _fake, annotate
+from ._core import HbmTensor, Tile, TileView
+from ._run import _RUN, Instruction, KernelRun, _fake, annotate
 
 __all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
-           "isa", "typing", "simulate_kernel", "simulate", "baremetal", "benchmark", "BenchmarkResult", "Latency"]
+           "isa", "typing", "simulate_kernel", "simulate", "baremetal", "benchmark", "BenchmarkResult", "Latency", "replay_report"]
 
 #: The generations a kernel can target and be estimated for.
 TARGETS: Tuple[str, ...] = tuple(_hardware.GENERATIONS)
@@ -106,6 +108,8 @@ class KernelCall:
         return Estimate(gen.name, totals, len(self.instructions), self.sbuf_peak_bytes_per_partition,
                         self.psum_peak_bytes_per_partition)
 
+
+replay_report = _replay.replay_report
 
 # The calls being recorded (record_calls), else None.
 _CALLS: contextvars.ContextVar[Optional[List[KernelCall]]] = contextvars.ContextVar("torchneuron_nki_calls",
@@ -189,40 +193,67 @@ class Kernel:
                 tensors.append(a)
         if device is None:
             device = torch.device("neuron", torch.neuron.current_device())
-        wrap = lambda a: HbmTensor(a) if isinstance(a, torch.Tensor) else a  # noqa: E731
-        wargs = [wrap(a) for a in args]
-        wkwargs = {k: wrap(v) for k, v in kwargs.items()}
         programs = list(itertools.product(*(range(g) for g in self.grid))) if self.grid else [()]
-        shared: list = []
-        instructions: List[Instruction] = []
-        peaks = [0, 0]
         gen = _hardware.current()
         # Under torch.profiler the kernel is device work of its own, named for it, on the device's
         # current stream, and each of its instructions one inside it (not for fake tensors: no work).
-        profiled = torch.autograd._profiler_enabled() and not any(_fake(t) for t in tensors)
+        fake = any(_fake(t) for t in tensors)
+        profiled = torch.autograd._profiler_enabled() and not fake
 
-        def programs_run(*_tensors):
-            result = None
-            for program in programs:
-                r = KernelRun(device, self.grid, program, shared)
-                r.profiled = profiled
-                token = _RUN.set(r)
-                try:
-                    result = self.fn(*wargs, **wkwargs)
-                finally:
-                    _RUN.reset(token)
-                instructions.extend(r.instructions)
-                peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
+        def interpret(ts: List[torch.Tensor]) -> Tuple[Any, KernelCall]:
+            """The kernel run instruction by instruction on ``ts`` (the call's tensors, in order)."""
+            given = iter(ts)
+            wrap = lambda a: HbmTensor(next(given)) if isinstance(a, torch.Tensor) else a  # noqa: E731
+            wargs = [wrap(a) for a in args]
+            wkwargs = {k: wrap(v) for k, v in kwargs.items()}
+            shared: list = []
+            instructions: List[Instruction] = []
+            peaks = [0, 0]
+
+            def programs_run(*_tensors):
+                result = None
+                for program in programs:
+                    r = KernelRun(device, self.grid, program, shared)
+                    r.profiled = profiled
+                    token = _RUN.set(r)
+                    try:
+                        result = self.fn(*wargs, **wkwargs)
+                    finally:
+                        _RUN.reset(token)
+                    r.finish()  # SBUF/PSUM by liveness: the peaks, a MemoryError over the target's capacity
+                    instructions.extend(r.instructions)
+                    peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
+                if profiled:
+                    annotate(instructions, gen.name, line=False)
+                return result
+
             if profiled:
-                annotate(instructions, gen.name, line=False)
-            return result
+                result = _C._launch(f"nki:{self.fn.__name__}", device.index, programs_run, *ts)
+            else:
+                result = programs_run()
+            call = KernelCall(self.fn.__name__, gen.name, tuple(instructions), peaks[0], peaks[1])
+            return _unwrap(result, self.fn.__name__), call
 
-        if profiled:
-            result = _C._launch(f"nki:{self.fn.__name__}", device.index, programs_run, *tensors)
-        else:
-            result = programs_run()
-        call = KernelCall(self.fn.__name__, gen.name, tuple(instructions), peaks[0], peaks[1])
-        return _unwrap(result, self.fn.__name__), call
+        # The same kernel, key (layouts, constants, grid, target) called again: replayed (_replay).
+        key = None if (profiled or fake or not _replay.usable()) else _replay.key(
+            self.grid, gen.name, [a for a in args], kwargs)
+        if key is None:
+            return interpret(tensors)
+        table = _replay.entries(self.fn)
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = _replay.Entry()
+        entry.calls += 1
+        if entry.runner is not None:
+            entry.replays += 1
+            return entry.runner(tensors), entry.call
+        if entry.interpret or not _replay.due(entry):
+            start = time.perf_counter()
+            result, entry.call = interpret(tensors)
+            entry.interpreted_seconds += time.perf_counter() - start
+            return result, entry.call
+        result, entry.call = _replay.trace_and_compile(entry, self.fn.__name__, interpret, tensors)
+        return result, entry.call
 
 
 def _unwrap(x, name: str):

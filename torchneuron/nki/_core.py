@@ -1,28 +1,22 @@
-"""Tiles, HBM tensors and the kernel being run: what every NKI instruction works on.
+"""Tiles and HBM tensors: what every NKI instruction works on.
 
 A tile lives in SBUF or PSUM: a tensor of device memory whose first axis is the partition axis
 (at most 128), with a mask of the elements written so far (reading one never written is an
-error, as it is garbage on silicon). Each kernel call has a :class:`KernelRun` that charges the
-tiles alive against the target generation's SBUF and PSUM capacity, and adds up what each
-instruction would cost on the NeuronCore's engines.
+error, as it is garbage on silicon). Each tile records its live interval in the kernel's run
+(:mod:`._run`), which checks the target generation's SBUF and PSUM capacity by liveness
+(:mod:`._limits`) when the program ends.
 """
 
 from __future__ import annotations
 
-import contextvars
-import dataclasses
-import functools
 import math
-import os
-import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
 from . import _hardware as hw
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-
+from . import _cost
+from ._run import _RUN, Instruction, KernelRun, _fake, annotate, fail, instruction, kernel_line, run  # noqa: F401
 
 class Buffer:
     """A memory of the NeuronCore: ``nl.sbuf``, ``nl.psum``, ``nl.hbm``/``nl.shared_hbm``/``nl.private_hbm``."""
@@ -41,130 +35,6 @@ shared_hbm = Buffer("shared_hbm", False)
 private_hbm = Buffer("private_hbm", False)
 
 
-def kernel_line() -> str:
-    """'file:line' of the innermost frame outside this package: the kernel's line that is running."""
-    frame = sys._getframe(1)
-    while frame is not None and _inside(frame.f_code.co_filename):
-        frame = frame.f_back
-    return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-_INSIDE: Dict[str, bool] = {}
-
-
-def _inside(filename: str) -> bool:
-    inside = _INSIDE.get(filename)
-    if inside is None:
-        inside = _INSIDE[filename] = os.path.dirname(os.path.abspath(filename)) == _HERE
-    return inside
-
-
-def fail(kind: type, message: str):
-    """Raise ``kind`` (ValueError, TypeError, RuntimeError, NotImplementedError) naming the kernel's line."""
-    raise kind(f"{message} (at {kernel_line()}, target {hw.current().name})")
-
-
-def _fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, FakeTensor) or t.is_meta
-
-
-# ---- the kernel being run -----------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Instruction:
-    """One instruction a kernel ran: its engine, what it did (``work``, see
-    :func:`_hardware.instruction_seconds`), and its time on the target it ran for."""
-
-    name: str
-    engine: str
-    seconds: float
-    line: str
-    work: tuple
-
-
-class KernelRun:
-    """One call of a kernel: its device, grid position, live on-chip memory and instruction costs."""
-
-    def __init__(self, device: torch.device, grid: Tuple[int, ...] = (), program: Tuple[int, ...] = (),
-                 shared_hbm: Optional[list] = None):
-        self.device, self.grid, self.program = device, grid, program
-        # The grid's nl.shared_hbm tensors, in allocation order (one list for all its programs).
-        self.shared_hbm = [] if shared_hbm is None else shared_hbm
-        self.shared_slot = 0
-        self.gen = hw.current()
-        self.sbuf_live = 0  # bytes per partition
-        self.psum_live = 0
-        self.psum_banks_live = 0
-        self.sbuf_peak = self.psum_peak = 0
-        self.instructions: List[Instruction] = []
-        # Under torch.profiler each instruction runs as device work named for it (see instruction()).
-        self.profiled = False
-        self.in_instruction = False
-
-    def charge(self, name: str, engine: str, work: tuple) -> None:
-        seconds = hw.instruction_seconds(engine, work, self.gen)
-        self.instructions.append(Instruction(name, engine, seconds, kernel_line(), work))
-
-
-_RUN: contextvars.ContextVar[Optional[KernelRun]] = contextvars.ContextVar("torchneuron_nki_run", default=None)
-
-
-def run() -> KernelRun:
-    r = _RUN.get()
-    if r is None:
-        fail(RuntimeError, "NKI instructions run inside a kernel: call a function decorated with @nki.jit")
-    return r
-
-
-def annotate(instructions: Sequence[Instruction], target: str, line: bool = True) -> None:
-    """Says, on the profiler's event of the device work running now, what ``instructions`` would cost on
-    silicon: their engines' busy time on ``target`` and the busiest engine (and, for one instruction
-    called by the kernel, its line)."""
-    from torchneuron import _C
-
-    busy: Dict[str, float] = {}
-    for i in instructions:
-        busy[i.engine] = busy.get(i.engine, 0.0) + i.seconds
-    if not busy:
-        return
-    bound = max(busy, key=busy.get)
-    _C._annotate_launch("estimate", f"{busy[bound] * 1e6:.3f} us on {target} (projection, not a measurement)")
-    _C._annotate_launch("bound engine", bound)
-    _C._annotate_launch("engines", ", ".join(f"{k} {v * 1e6:.3f} us" for k, v in sorted(busy.items())))
-    if line and instructions[0].line:
-        _C._annotate_launch("kernel line", instructions[0].line)
-
-
-def instruction(fn: Callable, name: Optional[str] = None) -> Callable:
-    """``fn`` (an ``nl``/``nisa`` function) as an instruction: while torch.profiler records, the
-    kernel's call of it runs as device work named ``nki.<name>`` on the kernel's stream, through the
-    runtime's launch like every kernel, so that its time is an event of the device's lane. An
-    instruction called by another (``nl.matmul``'s ``nc_matmul``) is part of the outer one's event."""
-    event = "nki." + (name or fn.__name__)
-
-    @functools.wraps(fn)
-    def run_instruction(*args, **kwargs):
-        r = _RUN.get()
-        if r is None or not r.profiled or r.in_instruction:
-            return fn(*args, **kwargs)
-        from torchneuron import _C
-
-        def body():
-            start = len(r.instructions)
-            result = fn(*args, **kwargs)
-            annotate(r.instructions[start:], r.gen.name)
-            return result
-
-        r.in_instruction = True
-        try:
-            return _C._launch(event, r.device.index, body)
-        finally:
-            r.in_instruction = False
-
-    return run_instruction
-
 
 # ---- tiles ----------------------------------------------------------------------------------------
 
@@ -178,12 +48,14 @@ def _itemsize(dtype: torch.dtype) -> int:
     return size
 
 
-def _release(r: KernelRun, buffer: Buffer, per_partition: int, banks: int) -> None:
-    if buffer is sbuf:
-        r.sbuf_live -= per_partition
-    else:
-        r.psum_live -= per_partition
-        r.psum_banks_live -= banks
+# The tile methods that are nl's instructions (arithmetic, +=, broadcast_to): nl, above this module,
+# fills this table when it is imported.
+TILE_OPS: Dict[str, Callable] = {}
+
+
+def touch(t: "Tile") -> None:
+    """``t`` is used now (read or written): it holds its SBUF/PSUM space at least until this tick."""
+    t._alloc.last = t._run.clock
 
 
 class ParDim(int):
@@ -248,21 +120,10 @@ class Tile:
         if buffer is psum and dtype not in (torch.float32, torch.int32):
             fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
         per_partition = math.prod(shape[:pa] + shape[pa + 1:]) * _itemsize(dtype)
-        banks = 0
-        if buffer is sbuf:
-            if r.sbuf_live + per_partition > r.gen.sbuf_partition_bytes:
-                fail(MemoryError, f"SBUF is full: a tile of shape {shape} ({dtype}) needs {per_partition} bytes per "
-                                  f"partition, {r.sbuf_live} of {r.gen.sbuf_partition_bytes} are in use")
-            r.sbuf_live += per_partition
-            r.sbuf_peak = max(r.sbuf_peak, r.sbuf_live)
-        elif buffer is psum:
+        if buffer is psum:
             banks = math.ceil(per_partition / hw.PSUM_BANK_BYTES)
-            if r.psum_banks_live + banks > r.gen.psum_banks:
-                fail(MemoryError, f"PSUM is full: a tile of shape {shape} needs {banks} of its {r.gen.psum_banks} banks "
-                                  f"({hw.PSUM_BANK_BYTES} bytes per partition each), {r.psum_banks_live} are in use")
-            r.psum_live += per_partition
-            r.psum_banks_live += banks
-            r.psum_peak = max(r.psum_peak, r.psum_live)
+        elif buffer is sbuf:
+            banks = 0
         else:
             fail(ValueError, f"a tile lives in nl.sbuf or nl.psum, not {buffer!r}")
         self.shape, self.dtype, self.buffer = shape, dtype, buffer
@@ -271,12 +132,8 @@ class Tile:
         # Whole-tile writes, the common case, never touch a mask.
         self.complete = False
         self.mask: Optional[torch.Tensor] = None
-        self._held = (r, buffer, per_partition, banks)  # given back to the kernel run when the tile dies
-
-    def __del__(self) -> None:
-        held = self.__dict__.get("_held")  # none when __init__ raised
-        if held is not None:
-            _release(*held)
+        # Its claim on SBUF/PSUM: from now to its last use (_limits checks the capacity when the program ends).
+        self._run, self._alloc = r, r.allocate(buffer.name, shape, dtype, per_partition, banks)
 
     # A tile is its own whole view.
     @property
@@ -292,8 +149,7 @@ class Tile:
 
     def __setitem__(self, index, value) -> None:
         idx = _index(index)
-        view = TileView(self, Ellipsis if idx == (Ellipsis,) else idx)
-        write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+        assign(TileView(self, Ellipsis if idx == (Ellipsis,) else idx), value)
 
     @instruction
     def broadcast_to(self, shape) -> "Tile":
@@ -306,7 +162,7 @@ class Tile:
         out = Tile(shape, self.dtype, sbuf)
         d = defined(self)
         write(out, expanded, "broadcast_to", valid=None if d is None else d.expand(tuple(shape)))
-        _nl().charge_vector("broadcast_to", out.shape, 1, out.dtype)
+        _cost.charge_vector("broadcast_to", out.shape, 1, out.dtype)
         return out
 
     def reshape(self, shape) -> "TileView":
@@ -318,15 +174,20 @@ class Tile:
         return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
 
     # Arithmetic on tiles is nl's (VectorE/ScalarE instructions).
-    def __add__(self, o): return _nl().add(self, o)
-    def __radd__(self, o): return _nl().add(o, self)
-    def __sub__(self, o): return _nl().subtract(self, o)
-    def __rsub__(self, o): return _nl().subtract(o, self)
-    def __mul__(self, o): return _nl().multiply(self, o)
-    def __rmul__(self, o): return _nl().multiply(o, self)
-    def __truediv__(self, o): return _nl().divide(self, o)
-    def __rtruediv__(self, o): return _nl().divide(o, self)
-    def __neg__(self): return _nl().negative(self)
+    def __add__(self, o): return TILE_OPS["add"](self, o)
+    def __radd__(self, o): return TILE_OPS["add"](o, self)
+    def __sub__(self, o): return TILE_OPS["subtract"](self, o)
+    def __rsub__(self, o): return TILE_OPS["subtract"](o, self)
+    def __mul__(self, o): return TILE_OPS["multiply"](self, o)
+    def __rmul__(self, o): return TILE_OPS["multiply"](o, self)
+    def __truediv__(self, o): return TILE_OPS["divide"](self, o)
+    def __rtruediv__(self, o): return TILE_OPS["divide"](o, self)
+    def __neg__(self): return TILE_OPS["negative"](self)
+
+    def __iadd__(self, o):
+        """``acc += x``: in place (a PSUM accumulator takes a matmul's result as the matmul writing into it)."""
+        accumulate(self, o)
+        return self
 
 
 class TileView:
@@ -354,12 +215,58 @@ class TileView:
         return _reshape(self, shape)
 
     def __setitem__(self, index, value) -> None:
-        view = TileView(self.tile, _compose(self.index, index, self.tile.data))
-        write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+        assign(TileView(self.tile, _compose(self.index, index, self.tile.data)), value)
 
     __add__, __radd__, __sub__, __rsub__ = Tile.__add__, Tile.__radd__, Tile.__sub__, Tile.__rsub__
     __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (Tile.__mul__, Tile.__rmul__, Tile.__truediv__,
                                                               Tile.__rtruediv__, Tile.__neg__)
+
+    def __iadd__(self, o):
+        accumulate(self, o)
+        self._accumulated = True  # `t[i] += x` assigns this view back to itself: nothing left to do
+        return self
+
+
+def _fresh_psum(x) -> bool:
+    """Whether ``x`` is a whole PSUM tile written and never read: a matmul's result, about to be taken
+    into an accumulator."""
+    return isinstance(x, Tile) and x.buffer is psum and x._alloc.reads == 0
+
+
+def assign(view, value) -> None:
+    """``tile[index] = value``: a copy into the tile (a PSUM result assigned into a PSUM tile is the
+    matmul writing there: it takes no space of its own, :mod:`._limits`)."""
+    if getattr(value, "_accumulated", False) and value.tile is view.tile:
+        return
+    r = run()
+    r.clock += 1
+    fold = view.buffer is psum and _fresh_psum(value)
+    write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
+    if fold:
+        value._alloc.folded = r.clock
+    r.clock += 1
+
+
+def accumulate(dst, value) -> None:
+    """``dst += value`` in place: VectorE's add, or, for a PSUM result added into a PSUM tile, the
+    matmul accumulating there (TensorE's work, already charged; no space of its own)."""
+    r = run()
+    r.clock += 1
+    fold = dst.buffer is psum and _fresh_psum(value)
+    a, b = read(dst, "+="), read(value, "+=")
+    fa = a.float() if a.is_floating_point() else a
+    fb = b.float() if isinstance(b, torch.Tensor) and b.is_floating_point() else b
+    if isinstance(fb, torch.Tensor) and fb.dim() < fa.dim():  # tiles align on the partition axis
+        fb = fb.reshape(tuple(fb.shape) + (1,) * (fa.dim() - fb.dim()))
+    d = defined(dst)
+    shape = tuple(a.shape)
+    write(dst, fa + (fb if isinstance(fb, torch.Tensor) else torch.as_tensor(fb, device=a.device)), "+=",
+          valid=both(shape, d, defined(value)))
+    if fold:
+        value._alloc.folded = r.clock
+    else:
+        _cost.charge_vector("add", shape, 1 + int(isinstance(b, torch.Tensor)), dst.dtype)
+    r.clock += 1
 
 
 def _reshape(x, shape) -> "TileView":
@@ -371,12 +278,6 @@ def _reshape(x, shape) -> "TileView":
     data = x.tile.data
     positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), x.index)
     return TileView(x.tile, ("flat", positions.reshape(shape)))
-
-
-def _nl():
-    from . import language
-
-    return language
 
 
 def _index(index):
@@ -401,6 +302,7 @@ def _compose(outer, inner, data: torch.Tensor):
 def written_anywhere(view) -> bool:
     """Whether any element of a tile view was written (nc_matmul: accumulate, or write first)."""
     t = view.tile
+    touch(t)
     if t.complete:
         return True
     if t.mask is None or _fake(t.mask):
@@ -415,7 +317,11 @@ def read(x, what: str) -> torch.Tensor:
     says which they are, every instruction carries that to its result, and a store of one raises.
     """
     if isinstance(x, (Tile, TileView)):
-        return _get(x.tile.data, x.index)
+        t = x.tile
+        a = t._alloc
+        a.last = t._run.clock
+        a.reads += 1
+        return _get(t.data, x.index)
     if isinstance(x, (HbmTensor, HbmView)):
         fail(TypeError, f"{what} takes an on-chip tile, not a tensor in HBM: load it first (nl.load or "
                         f"nisa.dma_copy)")
@@ -468,6 +374,7 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
     """Write ``value`` (broadcast to the destination's shape, cast to its dtype) into a tile or a view."""
     if not isinstance(dst, (Tile, TileView)):
         fail(TypeError, f"{what}: the destination must be an SBUF/PSUM tile, got {type(dst).__name__}")
+    touch(dst.tile)
     target_shape = _get(dst.tile.data, dst.index).shape
     value = torch.as_tensor(value, device=dst.tile.data.device) if not isinstance(value, torch.Tensor) else value
     try:
@@ -477,6 +384,8 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
                          f"{tuple(target_shape)}")
     t = dst.tile
     m = None
+    if mask is not None and _everywhere(mask):
+        mask = None
     if mask is not None:
         m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
         value = torch.where(m, value, _get(t.data, dst.index))
@@ -534,7 +443,7 @@ class HbmTensor:
         return self.tensor.dtype
 
     def __getitem__(self, index) -> "HbmView":
-        return HbmView(self, _index(index))
+        return HbmView(self, _as_slices(self.tensor, _index(index)))
 
     def reshape(self, shape) -> "HbmTensor":
         return HbmTensor(self.tensor.reshape(tuple(shape)))
@@ -597,8 +506,41 @@ class IndexExpr:
         return tuple(self.tensor.shape)
 
 
+def _as_slices(tensor: torch.Tensor, index):
+    """An index of one integer tensor per axis, each a run of consecutive positions along its own axis
+    (``t[i * 128 + nl.arange(128)[:, None], nl.arange(n)[None, :]]``) and in range: the same elements as
+    basic slices, which read and write in place (no gather). Anything else is returned as given."""
+    if not isinstance(index, tuple) or len(index) != tensor.dim() or _fake(tensor):
+        return index
+    slices = []
+    for d, t in enumerate(index):
+        if not isinstance(t, torch.Tensor) or t.dtype in (torch.bool, torch.uint8) or t.is_floating_point() \
+                or t.dim() != len(index) or _fake(t):
+            return index
+        if any(size != 1 and axis != d for axis, size in enumerate(t.shape)):
+            return index
+        n = t.numel()
+        flat = t.reshape(n)
+        start = int(flat[0])
+        if start < 0 or start + n > tensor.shape[d] or not torch.equal(
+                flat, torch.arange(start, start + n, dtype=flat.dtype, device=flat.device)):
+            return index
+        slices.append(slice(start, start + n))
+    return tuple(slices)
+
+
+def _everywhere(mask) -> bool:
+    """Whether a mask holds everywhere (then it changes nothing)."""
+    m = mask.tensor if isinstance(mask, IndexExpr) else mask
+    if isinstance(m, bool):
+        return m
+    return isinstance(m, torch.Tensor) and not _fake(m) and bool(m.all())
+
+
 def masked_gather(tensor: torch.Tensor, index, mask) -> torch.Tensor:
     """tensor[index] where only the elements under ``mask`` need be in range (others read as 0)."""
+    if mask is not None and _everywhere(mask):
+        mask = None
     if mask is None:
         return tensor if index is Ellipsis else tensor[index]
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
@@ -612,6 +554,13 @@ def masked_gather(tensor: torch.Tensor, index, mask) -> torch.Tensor:
 
 def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> None:
     if _fake(tensor):  # shapes only: what a store writes does not change any shape
+        return
+    if _everywhere(mask):
+        target = tensor if index is Ellipsis else tensor[index]
+        if index is Ellipsis or (isinstance(index, tuple) and all(isinstance(i, slice) for i in index)):
+            target.copy_(data.expand(target.shape))
+        else:
+            tensor[index] = data.expand(target.shape)
         return
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
     idx, shape = _broadcast_index(tensor, index)

@@ -12,77 +12,16 @@ from typing import Optional
 
 import torch
 
-from . import _hardware as hw
+from . import _cost
+from . import _hardware as hw  # noqa: F401
 from . import language as nl
+from ._calling import _TILE, _deliver, _required, _split_dst, _take  # noqa: F401  (the calling forms)
 from ._core import (HbmTensor, HbmView, Tile, TileView, _fake, both, defined, fail, instruction, psum, read, run, sbuf,
                     write)
+from ._tensor_engine import nc_matmul, nc_transpose  # noqa: F401  (TensorE's instructions, also nl.matmul's)
 
 __all__ = ["nc_matmul", "nc_transpose", "activation", "tensor_tensor", "tensor_scalar", "tensor_reduce",
            "tensor_copy", "iota", "dma_copy", "memset", "affine_select"]
-
-_TILE = (Tile, TileView)
-
-
-def _split_dst(args, kwargs, slots, what: str):
-    """(dst, remaining positional args) for both of NKI's calling forms.
-
-    ``slots`` are the earlier (dst-less) form's parameters as (name, kind), kind "tile" (a tile),
-    "any" (a tile or a scalar) or "other" (an op, an axis, a flag, an index expression). The NKI 0.6
-    form puts the output tile first (``dst``, positional or by keyword). A first positional tile is
-    that ``dst`` when the earlier form cannot take the arguments: a tile would land in a non-tile
-    parameter (an op), or there are more positional arguments than free parameters.
-    """
-    if "dst" in kwargs:
-        return kwargs.pop("dst"), list(args)
-    if not args or not isinstance(args[0], _TILE):
-        return None, list(args)
-    free = [kind for name, kind in slots if name not in kwargs]
-    if len(args) > len(free):
-        return args[0], list(args[1:])
-    if free and free[0] == "other":  # the earlier form starts with an op / an expression, never a tile
-        return args[0], list(args[1:])
-    if any(isinstance(a, _TILE) and kind == "other" for a, kind in zip(args, free)):
-        return args[0], list(args[1:])
-    return None, list(args)
-
-
-def _take(rest, kwargs, names):
-    out = []
-    for n in names:
-        if rest:
-            out.append(rest.pop(0))
-        elif n in kwargs:
-            out.append(kwargs.pop(n))
-        else:
-            out.append(None)
-    return out
-
-
-def _deliver(dst, value: torch.Tensor, what: str, dtype=None, buffer=sbuf, mask=None, valid=None):
-    if dst is None:
-        dst = Tile(value.shape, dtype if dtype is not None else value.dtype, buffer)
-    elif isinstance(dst, _TILE):  # NKI 0.6: the result goes into dst, in dst's dtype and buffer
-        from ._core import _get
-
-        target = tuple(_get(dst.tile.data, dst.index).shape)
-        got = tuple(value.shape)
-        if got != target:
-            if value.numel() != math.prod(target) or \
-                    [n for n in got if n != 1] != [n for n in target if n != 1]:
-                fail(ValueError, f"{what}: the result has shape {got} but dst has shape {target}")
-            value = value.reshape(target)
-            if valid is not None and valid.numel() == value.numel():
-                valid = valid.reshape(target)
-    write(dst, value, what, mask, valid=valid)
-    return dst
-
-
-def _required(what: str, **values):
-    """A TypeError naming the first required parameter that was not given."""
-    for name, value in values.items():
-        if value is None:
-            fail(TypeError, f"{what}: missing the argument {name!r}")
-
 
 def _torch_op(op, what: str):
     if isinstance(op, _TILE):
@@ -94,88 +33,6 @@ def _torch_op(op, what: str):
             return op
         fail(NotImplementedError, f"{what}: op {getattr(op, '__name__', op)!r} is not supported here")
     return fn
-
-
-@instruction
-def nc_matmul(*args, **kwargs):
-    """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
-    (N <= 512), the result [M, N] in PSUM as float32. Into a PSUM ``dst`` it accumulates: the first
-    matmul into a region writes it, later ones add to it."""
-    dst, rest = _split_dst(args, kwargs, [("stationary", "tile"), ("moving", "tile")], "nc_matmul")
-    stationary, moving = _take(rest, kwargs, ["stationary", "moving"])
-    s, m = read(stationary, "nc_matmul (stationary)"), read(moving, "nc_matmul (moving)")
-    if s.dim() != 2 or m.dim() != 2:
-        fail(ValueError, f"nc_matmul takes 2-D tiles, got {tuple(s.shape)} and {tuple(m.shape)}")
-    k, mm = s.shape
-    k2, n = m.shape
-    if k != k2:
-        fail(ValueError, f"nc_matmul: the contraction (partition) axes differ: stationary {tuple(s.shape)}, "
-                         f"moving {tuple(m.shape)}")
-    if mm > hw.GEMM_STATIONARY_FMAX:
-        fail(ValueError, f"nc_matmul: the stationary operand's free axis is {mm}, at most "
-                         f"{hw.GEMM_STATIONARY_FMAX} (nl.tile_size.gemm_stationary_fmax)")
-    if n > hw.GEMM_MOVING_FMAX:
-        fail(ValueError, f"nc_matmul: the moving operand's free axis is {n}, at most {hw.GEMM_MOVING_FMAX} "
-                         f"(nl.tile_size.gemm_moving_fmax)")
-    for t, which in ((s, "stationary"), (m, "moving")):
-        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2):
-            fail(TypeError, f"nc_matmul: the {which} operand is {t.dtype}; TensorE takes float32, bfloat16, "
-                            f"float16 or float8 inputs")
-    if s.dtype.is_floating_point and m.dtype.is_floating_point and (s.element_size() == 4) != (m.element_size() == 4):
-        fail(TypeError, f"nc_matmul: float32 and {s.dtype if m.element_size() == 4 else m.dtype} operands mixed; "
-                        f"cast one first")
-    ds, dmv = defined(stationary), defined(moving)
-    valid = both((mm, n), None if ds is None else ds.all(0)[:, None], None if dmv is None else dmv.all(0)[None, :])
-    rate = "fp32" if s.element_size() == 4 else ("fp8" if s.element_size() == 1 else "16bit")
-    run().charge("nc_matmul", "TensorE", (n, rate))
-    st, mv = (s, m) if s.dtype == m.dtype == torch.float32 else (s.float(), m.float())
-    fast = (dst is not None and valid is None and dst.index is Ellipsis and dst.buffer is psum
-            and tuple(dst.tile.shape) == (mm, n) and kwargs.get("accumulate") is None)
-    if fast:  # straight into the PSUM tile: the first matmul writes it, the next ones accumulate in place
-        if dst.tile.complete:
-            dst.tile.data.addmm_(st.t(), mv)
-        elif dst.tile.mask is None:
-            torch.mm(st.t(), mv, out=dst.tile.data)
-            dst.tile.complete = True
-        else:
-            fast = False
-        if fast:
-            return dst
-    result = st.t() @ mv
-    if dst is None:
-        return _deliver(None, result, "nc_matmul", torch.float32, psum, valid=valid)
-    if dst.buffer is not psum:
-        fail(ValueError, "nc_matmul writes its result to a PSUM tile")
-    from ._core import _get, written_anywhere
-
-    current = _get(dst.tile.data, dst.index)
-    if current.shape != result.shape:
-        fail(ValueError, f"nc_matmul: a result of shape {tuple(result.shape)} into a destination of shape "
-                         f"{tuple(current.shape)}")
-    accumulate = kwargs.pop("accumulate", None)
-    if accumulate is None:
-        accumulate = written_anywhere(dst)
-    if accumulate:
-        if dst.index is Ellipsis and dst.tile.complete and valid is None:
-            current.add_(result)  # in place, in PSUM
-        else:
-            write(dst, current + result, "nc_matmul", valid=both(tuple(result.shape), defined(dst), valid))
-        return dst
-    write(dst, result, "nc_matmul", valid=valid)
-    return dst
-
-
-@instruction
-def nc_transpose(*args, **kwargs):
-    """The transpose of a [P, F] tile (P, F <= 128) through TensorE, into PSUM."""
-    dst, rest = _split_dst(args, kwargs, [("data", "tile")], "nc_transpose")
-    (data,) = _take(rest, kwargs, ["data"])
-    x = read(data, "nc_transpose")
-    if x.dim() != 2 or x.shape[1] > hw.PMAX:
-        fail(ValueError, f"nc_transpose takes a 2-D tile of at most {hw.PMAX}x{hw.PMAX}, got {tuple(x.shape)}")
-    run().charge("nc_transpose", "TensorE", (x.shape[0], "fp32" if x.element_size() == 4 else "16bit"))
-    d = defined(data)
-    return _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
 
 
 @instruction
@@ -197,7 +54,7 @@ def activation(*args, **kwargs):
         b = read(bias, "activation (bias)")
         y = y + (b.float() if isinstance(b, torch.Tensor) else b)
     y = fn(y)
-    nl.charge_scalar("activation", x.shape)
+    _cost.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
     return _deliver(dst, y, "activation", dtype if dtype is not None else (data.dtype if dst is None else None),
                     valid=valid, mask=kwargs.pop("mask", None))
@@ -213,7 +70,7 @@ def tensor_tensor(*args, **kwargs):
     if a.shape != b.shape:
         fail(ValueError, f"tensor_tensor: tiles of shapes {tuple(a.shape)} and {tuple(b.shape)}; they must match")
     y = _torch_op(op, "tensor_tensor")(a.float(), b.float())
-    nl.charge_vector("tensor_tensor", a.shape, 2, a.dtype)
+    _cost.charge_vector("tensor_tensor", a.shape, 2, a.dtype)
     return _deliver(dst, y, "tensor_tensor", kwargs.pop("dtype", None) or (data1.dtype if dst is None else None),
                     valid=both(tuple(a.shape), defined(data1), defined(data2)), mask=kwargs.pop("mask", None))
 
@@ -241,7 +98,7 @@ def tensor_scalar(*args, **kwargs):
         _required("tensor_scalar", operand1=operand1)
         masks.append(defined(operand1))
         y = apply(y, op1, operand1, bool(reverse1))
-    nl.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
+    _cost.charge_vector("tensor_scalar", x.shape, 1, data.dtype)
     return _deliver(dst, y, "tensor_scalar", kwargs.pop("dtype", None) or (data.dtype if dst is None else None),
                     valid=both(tuple(x.shape), *masks), mask=kwargs.pop("mask", None))
 
@@ -285,7 +142,7 @@ def tensor_copy(*args, **kwargs):
     dst, rest = _split_dst(args, kwargs, [("src", "tile")], "tensor_copy")
     (src,) = _take(rest, kwargs, ["src"])
     x = read(src, "tensor_copy")
-    nl.charge_vector("tensor_copy", x.shape, 1, x.dtype)
+    _cost.charge_vector("tensor_copy", x.shape, 1, x.dtype)
     return _deliver(dst, x, "tensor_copy", kwargs.pop("dtype", None) or (src.dtype if dst is None else None),
                     valid=defined(src), mask=kwargs.pop("mask", None))
 
@@ -302,14 +159,14 @@ def memset(*args, **kwargs):
             fail(ValueError, "memset(shape=, value=, dtype=) needs a value and a dtype")
         dst = Tile(shape, dtype, kwargs.pop("buffer", sbuf))
         write(dst, torch.tensor(value, device=dst.tile.data.device), "memset")
-        nl.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
+        _cost.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
         return dst
     dst, rest = _split_dst(args, kwargs, [("value", "other")], "memset")
     (value,) = _take(rest, kwargs, ["value"])
     if dst is None:
         fail(ValueError, "memset needs dst= (or, in the earlier form, shape=, value=, dtype=)")
     write(dst, torch.tensor(value, device=dst.tile.data.device), "memset")
-    nl.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
+    _cost.charge_vector("memset", dst.shape, 0, dst.dtype, "GpSimd")
     return dst
 
 
@@ -326,7 +183,7 @@ def iota(*args, **kwargs):
     values = expr.tensor if isinstance(expr, IndexExpr) else torch.as_tensor(expr)
     if values.dim() == 1:
         values = values[None, :]
-    nl.charge_vector("iota", values.shape, 0, dtype or torch.int32, "GpSimd")
+    _cost.charge_vector("iota", values.shape, 0, dtype or torch.int32, "GpSimd")
     return _deliver(dst, values.to(run().device), "iota", dtype or torch.int32)
 
 
@@ -357,7 +214,7 @@ def _iota_pattern(dst, rest, kwargs):
         fail(ValueError, f"iota: the pattern {pattern} makes {values.shape[1]} values per partition, dst of shape "
                          f"{shape} has {per_partition}")
     values = values.to(torch.int32).reshape(shape)  # 32-bit integer math, cast to dst's dtype on the write
-    nl.charge_vector("iota", shape, 0, dst.dtype, "GpSimd")
+    _cost.charge_vector("iota", shape, 0, dst.dtype, "GpSimd")
     write(dst, values, "iota")
     return dst
 
@@ -381,11 +238,11 @@ def dma_copy(*args, **kwargs):
         tensor, index = hbm_parts(src)
         values = tensor if index is Ellipsis else tensor[index]
         write(dst, values, "dma_copy", kwargs.pop("mask", None))
-        nl.charge_dma("dma_copy", values.numel() * values.element_size())
+        _cost.charge_dma("dma_copy", values.numel() * values.element_size())
         return dst
     x = read(src, "dma_copy")
     write(dst, x, "dma_copy", valid=defined(src))
-    nl.charge_dma("dma_copy", x.numel() * x.element_size())
+    _cost.charge_dma("dma_copy", x.numel() * x.element_size())
     return dst
 
 
@@ -433,7 +290,7 @@ def affine_select(*args, **kwargs):
     if isinstance(on_false, (Tile, TileView)):
         fail(TypeError, "affine_select: on_false_value is a scalar (use nl.where to choose between two tiles)")
     y = torch.where(pred, x, torch.as_tensor(on_false, dtype=x.dtype, device=x.device))
-    nl.charge_vector("affine_select", x.shape, 1, x.dtype, "GpSimd")
+    _cost.charge_vector("affine_select", x.shape, 1, x.dtype, "GpSimd")
     dtype = kwargs.pop("dtype", None)
     return _deliver(dst, y, "affine_select", dtype or (on_true.dtype if dst is None else None),
                     mask=kwargs.pop("mask", None), valid=defined(on_true))

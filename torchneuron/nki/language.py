@@ -15,8 +15,10 @@ from typing import Optional
 
 import torch
 
+from . import _cost
 from . import _hardware as hw
-from ._core import (Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, as_dtype, both, defined, fail,
+from . import _tensor_engine
+from ._core import (TILE_OPS, Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, as_dtype, both, defined, fail,
                     hbm, hbm_parts, instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
                     shared_hbm, write)
 
@@ -47,27 +49,6 @@ class tile_size:
     psum_bank_fmax = hw.PSUM_BANK_BYTES // 4
 
 
-# ---- the engines' costs (what each engine's work costs per generation: _hardware.instruction_seconds) --
-
-def _free(shape) -> int:
-    return math.prod(shape[1:]) if len(shape) > 1 else 1
-
-
-def charge_vector(name: str, shape, inputs: int, dtype: torch.dtype, engine: str = "VectorE") -> None:
-    """VectorE/GpSimd: ~N cycles per input tile of N elements per partition, plus a static overhead."""
-    run().charge(name, engine, (inputs * _free(shape), dtype in (torch.bfloat16, torch.float16)))
-
-
-def charge_scalar(name: str, shape) -> None:
-    """ScalarE: one element per partition per cycle, plus the static overhead."""
-    run().charge(name, "ScalarE", (_free(shape),))
-
-
-def charge_dma(name: str, nbytes: int) -> None:
-    """The DMA queues: the bytes over the core's share of HBM bandwidth."""
-    run().charge(name, "DMA", (nbytes,))
-
-
 # ---- memory ---------------------------------------------------------------------------------------
 
 def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
@@ -96,7 +77,7 @@ def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
         t.tensor.fill_(fill_value)
         return t
     write(t, torch.full(t.shape, fill_value, dtype=t.dtype, device=t.data.device), "nl.full")
-    charge_vector("memset", t.shape, 0, t.dtype, "GpSimd")
+    _cost.charge_vector("memset", t.shape, 0, t.dtype, "GpSimd")
     return t
 
 
@@ -162,7 +143,7 @@ def load(src, mask=None, dtype=None, **kwargs) -> Tile:
         values = values.reshape(1, 1)
     out = Tile(values.shape, _dtype(dtype) if dtype is not None else values.dtype, sbuf)
     write(out, values, "nl.load", mask)
-    charge_dma("load", values.numel() * values.element_size())
+    _cost.charge_dma("load", values.numel() * values.element_size())
     return out
 
 
@@ -179,7 +160,7 @@ def store(dst, value, mask=None, **kwargs) -> None:
     require_defined(value, "nl.store", where)
     if mask is not None:
         masked_scatter(tensor, index, mask, torch.as_tensor(data, device=tensor.device).to(tensor.dtype))
-        charge_dma("store", data.numel() * data.element_size())
+        _cost.charge_dma("store", data.numel() * data.element_size())
         return
     target = tensor if index is Ellipsis else tensor[index]
     data = torch.as_tensor(data, device=tensor.device).to(tensor.dtype)
@@ -192,7 +173,7 @@ def store(dst, value, mask=None, **kwargs) -> None:
         tensor.copy_(data)
     else:
         tensor[index] = data
-    charge_dma("store", data.numel() * data.element_size())
+    _cost.charge_dma("store", data.numel() * data.element_size())
 
 
 @instruction
@@ -205,7 +186,7 @@ def load_transpose2d(src, mask=None, dtype=None, **kwargs) -> Tile:
     values = values.t()
     out = Tile(values.shape, _dtype(dtype) if dtype is not None else values.dtype, sbuf)
     write(out, values, "nl.load_transpose2d", mask)
-    charge_dma("load_transpose2d", values.numel() * values.element_size())
+    _cost.charge_dma("load_transpose2d", values.numel() * values.element_size())
     return out
 
 
@@ -215,7 +196,7 @@ def copy(x, dtype=None, mask=None, **kwargs) -> Tile:
     data = read(x, "nl.copy")
     out = Tile(data.shape, _dtype(dtype) if dtype is not None else x.dtype, sbuf)
     write(out, data, "nl.copy", mask, valid=defined(x))
-    charge_vector("copy", data.shape, 1, out.dtype)
+    _cost.charge_vector("copy", data.shape, 1, out.dtype)
     return out
 
 
@@ -323,7 +304,7 @@ def _unary(fn, name: str, scalar_engine: bool):
         data = read(x, f"nl.{name}")
         out = Tile(data.shape, _result_dtype(dtype, x), sbuf)
         write(out, fn(data.float() if data.is_floating_point() else data), f"nl.{name}", mask, valid=defined(x))
-        (charge_scalar(name, data.shape) if scalar_engine else charge_vector(name, data.shape, 1, out.dtype))
+        (_cost.charge_scalar(name, data.shape) if scalar_engine else _cost.charge_vector(name, data.shape, 1, out.dtype))
         return out
     op = instruction(op, name)
     op.__name__, op.torch_fn = name, fn
@@ -351,7 +332,7 @@ def _binary(fn, name: str):
         fb = b.float() if tb and b.is_floating_point() else b
         write(out, fn(torch.as_tensor(fa, device=out.data.device), fb), f"nl.{name}", mask,
               valid=both(tuple(shape), defined(x), defined(y)))
-        charge_vector(name, shape, int(ta) + int(tb), out.dtype)
+        _cost.charge_vector(name, shape, int(ta) + int(tb), out.dtype)
         return out
     op = instruction(op, name)
     op.__name__, op.torch_fn = name, fn  # torch_fn: what nisa's op= arguments compute
@@ -406,7 +387,7 @@ def where(condition, x, y, dtype=None, mask=None, **kwargs) -> Tile:
     fb = b.float() if isinstance(b, torch.Tensor) and b.is_floating_point() else torch.as_tensor(b, device=device)
     write(out, torch.where(cond, fa, fb), "nl.where", mask,
           valid=both(tuple(out.shape), defined(condition), defined(x), defined(y)))
-    charge_vector("where", out.shape, len(tensors), out.dtype)
+    _cost.charge_vector("where", out.shape, len(tensors), out.dtype)
     return out
 
 
@@ -461,7 +442,7 @@ def _reduction(fn, name: str, identity):
         if active is not None and not _fake(active) and bool(active.all()):
             active = None
         write(out, result, f"nl.{name}", active, valid=d)
-        charge_vector(name, data.shape, 1, out.dtype)
+        _cost.charge_vector(name, data.shape, 1, out.dtype)
         return out
     op = instruction(op, name)
     op.__name__ = name
@@ -488,16 +469,16 @@ def _prod(t, axes, keepdim):
 def matmul(x, y, transpose_x: bool = False, mask=None, **kwargs) -> Tile:
     """x @ y into a new PSUM tile (float32). With ``transpose_x``, ``x`` is already [K, M] (the
     stationary operand, contraction on partitions); else it is [M, K] and TensorE transposes it first."""
-    from . import isa
-
     if not transpose_x:
-        x = isa.nc_transpose(x)
-    return isa.nc_matmul(x, y)
+        x = _tensor_engine.nc_transpose(x)
+    return _tensor_engine.nc_matmul(x, y)
 
 
 @instruction
 def transpose(x, dtype=None, mask=None, **kwargs) -> Tile:
     """The 2-D transpose of a tile (through TensorE, into PSUM)."""
-    from . import isa
+    return _tensor_engine.nc_transpose(x)
 
-    return isa.nc_transpose(x)
+
+# The tile methods that are nl's instructions (the tile class lives below nl, in _core).
+TILE_OPS.update(add=add, subtract=subtract, multiply=multiply, divide=divide, negative=negative)

@@ -1,0 +1,673 @@
+"""A kernel traced once per shape, then replayed as one compiled graph.
+
+The interpreter (the ``nl``/``nisa`` functions) runs a kernel instruction by instruction, with its checks
+and its bookkeeping (which elements were written, what each instruction costs, which tiles are live).
+For the same kernel called again with tensors of the same sizes, strides and dtypes, the same grid and
+target and the same other arguments (constants), all of that comes out the same: only the data differs.
+So the second such call runs the interpreter under ``make_fx``, which records the aten ops it does on the
+data as one FX graph, and compiles the graph with Inductor, as fused eager does
+(:func:`torchneuron.compile.dynamo_backend.neuron`); later calls run the compiled graph, and reuse the
+:class:`KernelCall` (instructions, estimates, SBUF/PSUM peaks) of the interpreted run.
+
+Before compiling, the graph is prepared so that its replay equals the interpreter bit for bit:
+
+* what does not depend on the kernel's inputs (index expressions, masks, gather indices) is computed
+  once and kept as constants; a boolean-mask index becomes the integer indices it selects;
+* ops whose result Inductor would compute differently from ATen's kernel (reductions, whose order of
+  additions differs, transcendentals other than exp, division by a constant, which Inductor turns into
+  a multiplication by the reciprocal, matrix products) run as ATen's own kernels inside the graph
+  (custom ops Inductor cannot look into); additions, products, copies and the like are fused;
+* the first compiled run is checked against the traced (interpreted) run, bit for bit; a kernel whose
+  replay differs, whose control flow reads its data (``bool()`` or ``.item()`` of a value computed from
+  its inputs, as ``nl.device_print`` does) or whose graph does not compile keeps the interpreter.
+
+``TORCHNEURON_NKI_REPLAY=0`` turns replay off (every call interpreted); :func:`replay_report` says what
+each kernel and shape does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+log = logging.getLogger("torchneuron")
+aten = torch.ops.aten
+
+#: Interpreted time at one kernel and key (seconds) after which its next call is traced and compiled:
+#: compiling takes seconds (tens with a cold Inductor cache on a busy host), so a kernel called a few
+#: times (a test) stays interpreted, one called in a loop is compiled once the loop has spent about
+#: what compiling costs (the rent-or-buy rule fused eager uses).
+COMPILE_AFTER_SECONDS = 10.0
+
+
+def mode() -> str:
+    """``TORCHNEURON_NKI_REPLAY``: "1" (the default: compiled once it pays, see COMPILE_AFTER_SECONDS),
+    "early" (compiled at the second call of a key), "0" (never: every call interpreted)."""
+    m = os.environ.get("TORCHNEURON_NKI_REPLAY", "1").strip().lower()
+    if m in ("0", "false", "off", "no"):
+        return "off"
+    return "early" if m == "early" else "on"
+
+
+def enabled() -> bool:
+    return mode() != "off"
+
+
+def usable() -> bool:
+    """Replay is on, and nothing else is recording this thread's ops: no dispatch mode (a trace, a fake
+    mode) and no fused eager group (which fuses the interpreter's ops itself)."""
+    if not enabled():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if _get_current_dispatch_mode() is not None:
+        return False
+    from torchneuron.neuron.eager import get_eager_mode
+
+    return get_eager_mode() == "op"
+
+
+def due(entry: "Entry") -> bool:
+    """Whether the next call of ``entry`` is traced and compiled."""
+    if entry.calls < 2:
+        return False
+    return mode() == "early" or entry.interpreted_seconds >= COMPILE_AFTER_SECONDS
+
+
+@dataclasses.dataclass
+class Entry:
+    """One kernel at one key: how it runs."""
+
+    calls: int = 0
+    call: Any = None  # the KernelCall of the interpreted run (its instructions and peaks)
+    runner: Optional[Callable] = None  # runs the compiled graph: runner(tensors) -> result
+    interpret: bool = False  # keeps the interpreter (the reason says why)
+    reason: str = ""
+    compile_seconds: float = 0.0
+    replays: int = 0
+    interpreted_seconds: float = 0.0
+
+
+_SIMPLE = (int, float, bool, str, type(None), torch.dtype)
+
+
+def _constant(v) -> Any:
+    """A hashable stand-in for a non-tensor argument, or raise TypeError (such a call is not replayed)."""
+    if isinstance(v, _SIMPLE):
+        return (type(v).__name__, v)
+    if isinstance(v, (tuple, list)):
+        return (type(v).__name__, tuple(_constant(x) for x in v))
+    raise TypeError(type(v).__name__)
+
+
+def key(grid, target: str, args, kwargs) -> Optional[tuple]:
+    """What a call's bookkeeping depends on: its tensors' layouts, the other arguments, grid and target."""
+    parts: List[Any] = [grid, target]
+    storages: Dict[int, int] = {}  # which tensors share memory (aliasing changes what a kernel does)
+    try:
+        for name, v in itertools_chain(args, kwargs):
+            if isinstance(v, torch.Tensor):
+                if v.requires_grad or v.layout != torch.strided:
+                    return None
+                shared = storages.setdefault(v.untyped_storage()._cdata, len(storages))
+                parts.append((name, "T", tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device, shared))
+            else:
+                parts.append((name, _constant(v)))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+def itertools_chain(args, kwargs):
+    for i, a in enumerate(args):
+        yield i, a
+    for k, v in kwargs.items():  # in the order given: the order of the kernel's tensors
+        yield k, v
+
+
+# ---- preparing the graph ------------------------------------------------------------------------------
+
+# Ops whose Inductor code rounds as ATen's kernels do: elementwise IEEE arithmetic, comparisons,
+# selections, casts and data movement, and exp/rsqrt/sqrt (Inductor calls the same vectorized functions
+# as ATen's CPU kernels; not exp, whose Inductor code differs in the last bit). Everything else that
+# computes runs as ATen's kernel (opaque to Inductor).
+_FUSED = {
+    "add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp",
+    "copy", "copy_", "clone", "_to_copy", "to", "empty", "empty_like", "empty_strided", "zeros", "zeros_like",
+    "ones", "ones_like", "full", "full_like", "fill", "fill_", "arange", "scalar_tensor", "lift_fresh_copy",
+    "view", "_unsafe_view", "reshape", "expand", "permute", "t", "transpose", "slice", "select", "unsqueeze",
+    "squeeze", "as_strided", "alias", "index", "index_put", "index_put_", "cat", "stack", "unbind",
+    "amax", "amin", "sqrt", "rsqrt", "reciprocal", "square", "relu", "sign", "floor", "ceil", "trunc",
+    "mm", "bmm", "_local_scalar_dense",
+}
+# Division by a constant: Inductor multiplies by the reciprocal on non-CPU devices (not ATen's rounding).
+_DIV = {"div"}
+
+_LIB: Optional[torch.library.Library] = None
+_OPAQUE: Dict[Any, Any] = {}
+
+
+def _opaque(op):
+    """``op`` as a custom op of the namespace ``nki_exact``: the same schema, running ATen's kernel; Inductor
+    calls it as an external kernel."""
+    global _LIB
+    found = _OPAQUE.get(op)
+    if found is not None:
+        return found
+    if _LIB is None:
+        _LIB = torch.library.Library("nki_exact", "FRAGMENT")
+    schema = op._schema
+    name = f"{schema.name.split('::')[-1]}__{op._overloadname}".replace(".", "_")
+    text = str(schema)
+    _LIB.define(name + text[text.index("("):])
+
+    def kernel(*args, **kwargs):
+        return op(*args, **kwargs)
+
+    _LIB.impl(name, kernel, "CompositeExplicitAutograd")
+    found = _OPAQUE[op] = getattr(torch.ops.nki_exact, name).default
+    return found
+
+
+def _hbm_write():
+    """``nki_exact::hbm_write_(dst, src)``: a store into HBM (a kernel's argument or output), ATen's copy_ in
+    place. Inductor would make each store of a tile a select over the whole output, nested one store deep
+    per tile; as an external call each store writes its region only."""
+    global _LIB
+    found = _OPAQUE.get("hbm_write_")
+    if found is None:
+        if _LIB is None:
+            _LIB = torch.library.Library("nki_exact", "FRAGMENT")
+        _LIB.define("hbm_write_(Tensor(a!) dst, Tensor src) -> ()")
+        def hbm_write_(dst, src):
+            dst.copy_(src)
+
+        _LIB.impl("hbm_write_", hbm_write_, "CompositeExplicitAutograd")
+        found = _OPAQUE["hbm_write_"] = torch.ops.nki_exact.hbm_write_.default
+    return found
+
+
+def _base_name(target) -> str:
+    return target._schema.name.split("::")[-1] if isinstance(target, torch._ops.OpOverload) else ""
+
+
+def _values(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Dict[fx.Node, Any]:
+    """Every node's value in a run of the graph on copies of ``inputs`` (the run's own state)."""
+    values: Dict[fx.Node, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n):
+            v = super().run_node(n)
+            values[n] = v
+            return v
+
+    Recorder(gm).run(*[t.clone() for t in inputs])
+    return values
+
+
+def _storages(v) -> List[int]:
+    return [t.untyped_storage()._cdata for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
+
+
+def _mutated_args(n: fx.Node) -> List[Any]:
+    if not isinstance(n.target, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, a in enumerate(n.target._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            v = n.args[i] if i < len(n.args) and not a.kwarg_only else n.kwargs.get(a.name)
+            if v is not None:
+                out.append(v)
+    return out
+
+
+def prepare(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Tuple[fx.GraphModule, str]:
+    """The traced graph made ready to compile (see the module's doc); ("", reason) when its control flow
+    read its data."""
+    values = _values(gm, inputs)
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    mutated = set()
+    for n in nodes:
+        for a in _mutated_args(n):
+            for s in _storages(values.get(a) if isinstance(a, fx.Node) else None):
+                mutated.add(s)
+    # Dynamic: depends on the inputs (through values or through storages written with them).
+    dynamic_storages = set()
+    dynamic = set()
+    for n in nodes:
+        if n.op == "placeholder":
+            dynamic.add(n)
+            dynamic_storages.update(_storages(values[n]))
+            continue
+        if n.op != "call_function":
+            continue
+        ins = [a for a in n.all_input_nodes]
+        dep = any(a in dynamic or any(s in dynamic_storages for s in _storages(values.get(a))) for a in ins)
+        if dep:
+            dynamic.add(n)
+            if _base_name(n.target) in ("_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero"):
+                return gm, f"its control flow reads its data ({n.target} of a value computed from its inputs)"
+            for a in _mutated_args(n):
+                dynamic_storages.update(_storages(values.get(a) if isinstance(a, fx.Node) else None))
+            dynamic_storages.update(_storages(values.get(n)))
+    # Constants: pure nodes whose inputs are constants and whose storage nothing writes.
+    const = set()
+    for n in nodes:
+        if n.op != "call_function" or n in dynamic or _mutated_args(n):
+            continue
+        if any(a not in const for a in n.all_input_nodes):
+            continue
+        v = values.get(n)
+        if not isinstance(v, torch.Tensor) or any(s in mutated for s in _storages(v)):
+            continue
+        const.add(n)
+    count = 0
+    for n in nodes:
+        if n in const and any(u not in const for u in n.users):
+            attr = f"_nki_const{count}"
+            count += 1
+            gm.register_buffer(attr, values[n].clone())
+            with graph.inserting_before(n):
+                g = graph.get_attr(attr)
+            n.replace_all_uses_with(g)
+            values[g] = getattr(gm, attr)
+    graph.eliminate_dead_code()
+    # Boolean-mask indices (constants) become the integer indices they select.
+    for n in list(graph.nodes):
+        name = _base_name(n.target) if n.op == "call_function" else ""
+        if name in ("index", "index_put", "index_put_") and isinstance(n.args[1], (list, tuple)):
+            new, changed = [], False
+            for idx in n.args[1]:
+                v = getattr(gm, idx.target) if isinstance(idx, fx.Node) and idx.op == "get_attr" else None
+                if isinstance(v, torch.Tensor) and v.dtype == torch.bool:
+                    for k, part in enumerate(v.nonzero().unbind(1)):
+                        attr = f"_nki_const{count}"
+                        count += 1
+                        gm.register_buffer(attr, part.contiguous())
+                        with graph.inserting_before(n):
+                            new.append(graph.get_attr(attr))
+                    changed = True
+                else:
+                    new.append(idx)
+            if changed:
+                n.args = (n.args[0], new) + tuple(n.args[2:])
+    _loads_as_views(gm, values, mutated)
+    # Stores into HBM: in place, one region each.
+    hbm = set()
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            hbm.update(_storages(values.get(n)))
+        elif n.op == "output":
+            for o in pytree.tree_leaves(n.args):
+                if isinstance(o, fx.Node):
+                    hbm.update(_storages(values.get(o)))
+    _stores_as_cat(gm, values, hbm)
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is aten.copy_.default:
+            dst = n.args[0]
+            if any(st in hbm for st in _storages(values.get(dst))):
+                with graph.inserting_before(n):
+                    graph.call_function(_hbm_write(), (dst, n.args[1]))
+                n.replace_all_uses_with(dst)
+                graph.erase_node(n)
+    # Ops Inductor would round differently run as ATen's kernels.
+    for n in list(graph.nodes):
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        name = _base_name(n.target)
+        if name in _FUSED or n.target.namespace == "nki_exact":
+            continue
+        if n.target is aten.pow.Tensor_Scalar and len(n.args) > 1 and n.args[1] == 2:
+            continue  # x * x in both
+        if name in _DIV and len(n.args) > 1 and isinstance(n.args[1], fx.Node):
+            v = values.get(n.args[1])
+            if isinstance(v, torch.Tensor) and v.dim() > 0:
+                continue  # tile / tile: Inductor divides
+        if _mutated_args(n):
+            if name == "addmm_" or name.endswith("_"):
+                functional = getattr(aten, name.rstrip("_"), None)
+                overload = getattr(functional, n.target._overloadname, None) if functional is not None else None
+                if overload is None:
+                    return gm, f"{n.target} has no functional form to run as ATen's kernel"
+                with graph.inserting_before(n):
+                    r = graph.call_function(_opaque(overload), n.args, n.kwargs)
+                    c = graph.call_function(aten.copy_.default, (n.args[0], r))
+                n.replace_all_uses_with(c)
+                graph.erase_node(n)
+                continue
+            return gm, f"{n.target} writes its arguments"
+        target = n.target
+        schema_args = target._schema.arguments
+        if len(n.args) > 1 and isinstance(n.args[1], (int, float, bool)) and len(schema_args) > 1 \
+                and isinstance(schema_args[1].type, torch.TensorType):
+            # A Python number where the schema takes a tensor (a wrapped number): the Scalar overload.
+            scalar = getattr(getattr(aten, name), "Scalar", None)
+            if scalar is None:
+                return gm, f"{n.target} with a number for a tensor"
+            target = scalar
+        n.target = _opaque(target)
+    graph.lint()
+    gm.recompile()
+    return gm, ""
+
+
+def _loads_as_views(gm: fx.GraphModule, values: Dict[fx.Node, Any], mutated: set) -> None:
+    """A tile loaded whole from a kernel input that nothing writes (``nl.load``, ``dma_copy`` into a fresh
+    tile) and never written again is read from the input itself: no copy for external kernels (matrix
+    products) to wait on."""
+    graph = gm.graph
+    inputs = set()
+    for n in graph.nodes:
+        if n.op == "placeholder":
+            inputs.update(_storages(values.get(n)))
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in list(graph.nodes):
+        if not (n.op == "call_function" and _base_name(n.target) in ("empty", "empty_strided")):
+            continue
+        copies = [u for u in n.users if u.op == "call_function" and u.target is aten.copy_.default and u.args[0] is n]
+        if len(copies) != 1:
+            continue
+        c = copies[0]
+        src = c.args[1]
+        sv, tv = values.get(src), values.get(n)
+        if not (isinstance(sv, torch.Tensor) and isinstance(tv, torch.Tensor)) or sv.shape != tv.shape \
+                or sv.dtype != tv.dtype or not isinstance(src, fx.Node):
+            continue
+        if any(s not in inputs or s in mutated for s in _storages(sv)):
+            continue
+        if any(order[u] < order[c] for u in n.users if u is not c):
+            continue  # read (or viewed) before it was loaded
+        if any(_writes(u) for u in n.users if u is not c):
+            continue
+        n.replace_all_uses_with(src, delete_user_cb=lambda u: u is not c)
+        c.replace_all_uses_with(src)
+        graph.erase_node(c)
+    graph.eliminate_dead_code()
+
+
+def _writes(n: fx.Node) -> bool:
+    """Whether ``n`` writes (it, or a view of it used later: any view counts)."""
+    if _mutated_args(n):
+        return True
+    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+        returns = n.target._schema.returns
+        if returns and returns[0].alias_info is not None:  # a view: what it is used for counts
+            return any(_writes(u) for u in n.users)
+    return False
+
+
+def _region(view: fx.Node, base: fx.Node, shape) -> Optional[Tuple[List[Tuple[int, int]], List[int]]]:
+    """The box of ``base`` a chain of slice/select views selects: [(start, end)] per axis of ``base``, and the
+    axes a select dropped; None for any other view."""
+    chain = []
+    n = view
+    while n is not base:
+        if not (n.op == "call_function" and n.target in (aten.slice.Tensor, aten.select.int)):
+            return None
+        chain.append(n)
+        n = n.args[0]
+    box = [[0, size] for size in shape]
+    axes = list(range(len(shape)))  # the view's axes, as axes of base
+    dropped = []
+    for n in reversed(chain):
+        if n.target is aten.select.int:
+            d, i = n.args[1], n.args[2]
+            b = axes.pop(d)
+            lo, hi = box[b]
+            i = i + (hi - lo) if i < 0 else i
+            box[b] = [lo + i, lo + i + 1]
+            dropped.append(b)
+        else:
+            d = n.args[1] if len(n.args) > 1 else 0
+            start = n.args[2] if len(n.args) > 2 else None
+            end = n.args[3] if len(n.args) > 3 else None
+            step = n.args[4] if len(n.args) > 4 else 1
+            if step != 1:
+                return None
+            b = axes[d]
+            lo, hi = box[b]
+            size = hi - lo
+            start = 0 if start is None else (start + size if start < 0 else start)
+            end = size if end is None else (end + size if end < 0 else end)
+            start, end = max(0, min(start, size)), max(0, min(end, size))
+            box[b] = [lo + start, lo + max(start, end)]
+    return [tuple(x) for x in box], sorted(dropped)
+
+
+def _grid_cat(graph: fx.Graph, cells: Dict[tuple, fx.Node], shape, axis: int, fixed: tuple):
+    """The cat over axis ``axis`` onward of the boxes in ``cells`` (a grid covering ``shape``), or None."""
+    if axis == len(shape):
+        return cells.get(fixed)
+    cuts = sorted({box[axis] for box in cells if box[:axis] == fixed})
+    if not cuts or cuts[0][0] != 0 or cuts[-1][1] != shape[axis]:
+        return None
+    for (a0, a1), (b0, b1) in zip(cuts, cuts[1:]):
+        if a1 != b0:
+            return None
+    parts = []
+    for cut in cuts:
+        part = _grid_cat(graph, cells, shape, axis + 1, fixed + (cut,))
+        if part is None:
+            return None
+        parts.append(part)
+    if len(parts) == 1:
+        return parts[0]
+    return graph.call_function(aten.cat.default, (parts, axis))
+
+
+def _stores_as_cat(gm: fx.GraphModule, values: Dict[fx.Node, Any], hbm: set) -> None:
+    """An output the kernel made (``nl.ndarray(..., buffer=nl.shared_hbm)``) and wrote tile by tile, each
+    element once, never read in the kernel: the cat of its tiles (Inductor writes each tile's computation
+    into its place, and can fuse them)."""
+    graph = gm.graph
+    for base in list(graph.nodes):
+        if not (base.op == "call_function" and _base_name(base.target) in ("empty", "empty_strided")):
+            continue
+        value = values.get(base)
+        if not isinstance(value, torch.Tensor) or not any(s in hbm for s in _storages(value)):
+            continue
+        shape = tuple(value.shape)
+        writes, ok = [], True
+        # Every use of base: a chain of slice/select views ending in one copy_ into it, or the output.
+        def visit(n):
+            nonlocal ok
+            for u in list(n.users):
+                if u.op == "output":
+                    continue
+                if u.op == "call_function" and u.target is aten.copy_.default and u.args[0] is n and not u.users:
+                    writes.append(u)
+                elif u.op == "call_function" and u.target in (aten.slice.Tensor, aten.select.int) and u.args[0] is n:
+                    visit(u)
+                else:
+                    ok = False
+        visit(base)
+        if not ok or not writes or not any(u.op == "output" for u in base.users):
+            continue
+        cells: Dict[tuple, fx.Node] = {}
+        for w in writes:
+            region = _region(w.args[0], base, shape)
+            if region is None:
+                ok = False
+                break
+            box, dropped = region
+            if tuple(box) in cells:
+                ok = False  # written twice
+                break
+            cells[tuple(box)] = (w, dropped)
+        if not ok or sum(math_prod(b1 - b0 for b0, b1 in box) for box in cells) != math_prod(shape):
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        with graph.inserting_before(max(writes, key=order.get)):
+            tiles = {}
+            for box, (w, dropped) in cells.items():
+                src = w.args[1]
+                sv = values.get(src)
+                if isinstance(sv, torch.Tensor) and sv.dtype != value.dtype:
+                    src = graph.call_function(aten._to_copy.default, (src,), {"dtype": value.dtype})
+                view_shape = [b1 - b0 for i, (b0, b1) in enumerate(box) if i not in dropped]
+                src = graph.call_function(aten.expand.default, (src, view_shape))
+                src = graph.call_function(aten.reshape.default, (src, [b1 - b0 for b0, b1 in box]))
+                tiles[box] = src
+            whole = _grid_cat(graph, tiles, shape, 0, ())
+            if whole is None:
+                continue
+        for w in writes:
+            graph.erase_node(w)
+        base.replace_all_uses_with(whole, delete_user_cb=lambda u: u.op == "output")
+        values[whole] = value
+    graph.eliminate_dead_code()
+
+
+def math_prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+# ---- tracing and compiling ------------------------------------------------------------------------------
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu()
+    if t.is_floating_point() or t.is_complex():
+        return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+class _NoGrad:
+    def __enter__(self):
+        self.grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.grad)
+
+
+def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: List[torch.Tensor]):
+    """Run the kernel once through the interpreter under make_fx (``interpret(tensors) -> (result, call)``,
+    result with tensors unwrapped); compile its graph. Returns this call's (result, call); on success
+    ``entry.runner`` is set, else ``entry.interpret`` with the reason."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    before = [t.clone() for t in tensors]
+    box: Dict[str, Any] = {}
+
+    def traced(*ts):
+        result, call = interpret(list(ts))
+        leaves, spec = pytree.tree_flatten(result)
+        box["spec"], box["call"] = spec, call
+        where, outs = [], []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                same = [i for i, t in enumerate(ts) if t is leaf]
+                if same:
+                    where.append(("input", same[0]))
+                else:
+                    where.append(("output", len(outs)))
+                    outs.append(leaf)
+            else:
+                where.append(("value", leaf))
+        box["where"], box["outputs"] = where, outs
+        return tuple(outs)
+
+    with _NoGrad():
+        gm = make_fx(traced, tracing_mode="real", _error_on_data_dependent_ops=False)(*tensors)
+    # The traced run is an interpreted run: its outputs are the interpreter's.
+    call, spec, where, interpreted = box["call"], box["spec"], box["where"], box["outputs"]
+    after = list(tensors)
+
+    def rebuild(outs, ins):
+        leaves = [ins[i] if kind == "input" else (outs[i] if kind == "output" else i) for kind, i in where]
+        return pytree.tree_unflatten(leaves, spec)
+
+    try:
+        start = time.perf_counter()
+        prepared, reason = prepare(gm, before)  # (the graph as traced: its reads of values included)
+        if reason:
+            entry.interpret, entry.reason = True, reason
+            log.info("nki %s: replay keeps the interpreter: %s", name, reason)
+            return rebuild(interpreted, tensors), call
+        compiled = _compile(prepared, tensors)
+        entry.compile_seconds = time.perf_counter() - start
+        # The check: the compiled graph, on the inputs as they were, against the interpreted run.
+        ins = [t.clone() for t in before]
+        with _NoGrad():
+            outs = compiled(*ins)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        bad = [i for i, (a, b) in enumerate(zip(outs, interpreted)) if not same_bits(a, b)]
+        bad += [f"argument {i}" for i, (a, b) in enumerate(zip(ins, after)) if not same_bits(a, b)]
+        if bad or len(outs) != len(interpreted):
+            entry.interpret, entry.reason = True, f"its compiled graph differs from the interpreter (outputs {bad})"
+            log.info("nki %s: replay keeps the interpreter: %s", name, entry.reason)
+            return rebuild(interpreted, tensors), call
+    except Exception as e:  # noqa: BLE001  (any compile failure: the interpreter stays)
+        entry.interpret, entry.reason = True, f"its graph did not compile ({type(e).__name__}: {e})"
+        log.info("nki %s: replay keeps the interpreter: %s", name, entry.reason)
+        return rebuild(interpreted, tensors), call
+
+    def runner(ts: List[torch.Tensor]):
+        with _NoGrad():
+            outs = compiled(*ts)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        return rebuild(outs, ts)
+
+    entry.runner = runner
+    return rebuild(interpreted, tensors), call
+
+
+def _compile(gm: fx.GraphModule, tensors: List[torch.Tensor]) -> Callable:
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torchneuron.compile.dynamo_backend import neuron
+
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    examples = [fake_mode.from_tensor(t, static_shapes=True) for t in tensors]
+    with _NoGrad(), tracing(TracingContext(fake_mode)):
+        return neuron(gm, examples)
+
+
+@dataclasses.dataclass
+class ReplayReport:
+    """What each kernel and key does: replayed (compiled), or interpreted, and why."""
+
+    rows: List[Tuple[str, Entry]]
+
+    def __str__(self) -> str:
+        lines = [f"nki replay: {len(self.rows)} kernel shapes"]
+        for name, e in self.rows:
+            how = (f"replayed {e.replays} times (compiled in {e.compile_seconds:.1f} s)" if e.runner is not None
+                   else ("interpreted: " + e.reason if e.interpret else f"interpreted ({e.calls} calls so far)"))
+            lines.append(f"  {name}: {how}")
+        return "\n".join(lines)
+
+
+# Per kernel function (a grid launch makes a Kernel object per call): key -> Entry.
+_CACHE: "weakref.WeakKeyDictionary[Callable, Dict[tuple, Entry]]" = weakref.WeakKeyDictionary()
+
+
+def entries(fn: Callable) -> Dict[tuple, Entry]:
+    found = _CACHE.get(fn)
+    if found is None:
+        found = _CACHE[fn] = {}
+    return found
+
+
+def replay_report() -> ReplayReport:
+    """Each kernel function and key seen: replayed (compiled), or interpreted and why."""
+    return ReplayReport([(fn.__name__, e) for fn, table in list(_CACHE.items()) for e in table.values()])
