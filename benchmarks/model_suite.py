@@ -589,7 +589,7 @@ def run_model(name: str, index: int, args: argparse.Namespace, log: Callable[[st
 def classify(row: dict[str, Any], eager_only: bool) -> None:
     """Set row["verdict"] (pass, FAIL, xfail, XPASS, timeout) and row["reason"]."""
     name = row["model"]
-    expected = EXPECTED_FAILURES.get(name) or EXPECTED_FAILURES.get(f"{name}:compiled")
+    expected = EXPECTED_FAILURES.get(name) or (None if eager_only else EXPECTED_FAILURES.get(f"{name}:compiled"))
     eager, compiled = row.get("eager") or {}, row.get("compiled") or {}
     cpu_error = row.get("cpu_error") or (f"compiled: {compiled['cpu_error']}" if compiled.get("cpu_error") else None)
     if cpu_error:
@@ -629,6 +629,7 @@ def summarize(rows: list[dict[str, Any]], eager_only: bool) -> dict[str, Any]:
     eager_ratios = [r["eager"]["ratio"] for r in eager_pass if r["eager"].get("ratio") is not None]
     out: dict[str, Any] = {
         "models": len(rows), "runnable_on_cpu": len(runnable),
+        "eager_run": sum(1 for r in runnable if r.get("eager")),
         "eager_pass": len(eager_pass),
         "bit_identical": sum(1 for r in eager_pass if r["eager"].get("bitwise")),
         "eager_ratio_median": statistics.median(eager_ratios) if eager_ratios else None,
@@ -639,7 +640,7 @@ def summarize(rows: list[dict[str, Any]], eager_only: bool) -> dict[str, Any]:
         "unexpected": [r["model"] for r in rows if r["verdict"] in ("FAIL", "XPASS", "CPU-FAIL")],
     }
     if not eager_only:
-        compiled_runnable = [r for r in runnable if not (r.get("compiled") or {}).get("cpu_error")]
+        compiled_runnable = [r for r in runnable if r.get("compiled") and not r["compiled"].get("cpu_error")]
         compiled_pass = [r for r in compiled_runnable if (r.get("compiled") or {}).get("ok")]
         ratios = [r["compiled"]["ratio"] for r in compiled_pass if r["compiled"].get("ratio") is not None]
         ctimes = [r["compiled"]["compile_ratio"] for r in compiled_pass]
@@ -759,6 +760,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "model_suite.json", metavar="PATH",
                         help="JSON output; the CSV goes beside it (default: benchmarks/results/model_suite.json)")
     parser.add_argument("--no-json", action="store_true", help="write neither JSON nor CSV")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="PATH",
+                        help="also write the table as Markdown (docs/model_suite.md), or, with --from-json, only that")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="PATH", action="append",
+                        help="run nothing: read the results of earlier runs (repeatable; a later file's row for a "
+                             "model replaces an earlier one's) and print and write their table")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     # Internal: one model's process.
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -776,6 +782,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         phases = ["eager"] if args.eager_only else ["eager", "compiled"]
         return worker(args.worker, phases, args.result, args.rounds, args.round_ms, args.warm, args.index)
+    if args.from_json:
+        rows_by_model: dict[str, dict[str, Any]] = {}
+        commands = []
+        for path in args.from_json:
+            payload = json.loads(path.read_text())
+            commands.append(payload["settings"])
+            for row in payload["results"]:
+                rows_by_model[row["model"]] = row
+        rows = _in_suite_order(list(rows_by_model.values()))
+        eager_only = all(s["eager_only"] for s in commands)
+        summary = summarize(rows, eager_only)
+        print(format_table(rows, summary, eager_only))
+        if args.markdown:
+            write_markdown(args.markdown, rows, summary, commands, [str(p) for p in args.from_json])
+        return 1 if summary["unexpected"] else 0
     if args.list:
         for s in SPECS.values():
             print(f"{s.name:18} {s.family:8} {HEADS.get(s.head, s.head)}")
@@ -818,7 +839,64 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_json:
         csv_path = write_outputs(args.json, rows, summary, settings)
         print(f"results written to {_display_path(args.json)} and {_display_path(csv_path)}", flush=True)
+    if args.markdown:
+        write_markdown(args.markdown, rows, summary, [settings], [str(args.json)])
     return 1 if summary["unexpected"] else 0
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any],
+                   settings: list[dict[str, Any]], sources: list[str]) -> None:
+    """Write the per-model table, the summary and the commands that produced them as Markdown."""
+    s = summary
+    commands = [" ".join(["python", "benchmarks/model_suite.py", *st["argv"][1:]]) for st in settings]
+    lines = ["# Model suite", "",
+             "Generated by `python benchmarks/model_suite.py ... --markdown docs/model_suite.md` (see "
+             "`benchmarks/model_suite.py`); do not edit by hand. Tiny transformers models (2 layers, width 32, random "
+             "weights, dropout off), one training step (forward, the model's own loss, backward) on neuron and on the "
+             "CPU from the same weights and inputs, each model in a process of its own, 1 thread. Eager: outputs, "
+             "loss and every gradient within rtol=atol=1e-4 of the CPU's, and whether bit-identical. Compiled: "
+             "`torch.compile` with the default backend (Inductor) on both, within rtol=atol=1e-3. Ratios are "
+             "neuron / CPU, the median over interleaved rounds; compile time is the first compiled step, each "
+             "device with empty caches. Measured on 2 cores shared with other work (load average 10-16), so "
+             "ratios of single models stray by tens of percent; medians over models are steadier.", "",
+             f"Runs: {datetime.now(timezone.utc).date().isoformat()}, torch {torch.__version__}, from "
+             + ", ".join(f"`{c}`" for c in commands) + ".", "",
+             "## Summary", "",
+             f"- Models: {s['models']}; runnable on the CPU: {s['runnable_on_cpu']}.",
+             f"- Eager: {s['eager_pass']} of {s['runnable_on_cpu']} pass, {s['bit_identical']} bit-identical to the "
+             f"CPU; step time neuron / CPU median {_fmt(s['eager_ratio_median'])}, worst "
+             f"{_fmt(s['eager_ratio_worst'])} ({s['eager_ratio_worst_model']})."]
+    if "compiled_pass" in s:
+        lines.append(f"- Compiled (Inductor): {s['compiled_pass']} of {s['compiled_runnable']} run pass; step time "
+                     f"neuron / CPU median {_fmt(s['compiled_ratio_median'])}, worst "
+                     f"{_fmt(s['compiled_ratio_worst'])}; cold compile time neuron / CPU median "
+                     f"{_fmt(s['compile_time_ratio_median'])}, worst {_fmt(s['compile_time_ratio_worst'])} (median "
+                     f"{_fmt(s['compile_neuron_s_median'], '.1f')} s on neuron, "
+                     f"{_fmt(s['compile_cpu_s_median'], '.1f')} s on the CPU).")
+    if s["unexpected"]:
+        lines.append(f"- Not passing: {', '.join(s['unexpected'])} (reasons below).")
+    lines += ["", "## Models", "",
+              "| model | family | parameters | eager | max abs diff | eager ratio | compiled | compiled ratio "
+              "| compile CPU | compile neuron | compile ratio |",
+              "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        e, c = r.get("eager") or {}, r.get("compiled") or {}
+        eager = "-" if not e else ("bit-identical" if e.get("ok") and e.get("bitwise") else
+                                   "pass" if e.get("ok") else "**FAIL**")
+        comp = "not run" if not c else ("CPU fails" if c.get("ok") is None else "pass" if c.get("ok") else "**FAIL**")
+        if r["verdict"] == "timeout" and not c.get("ok"):
+            comp = "timeout"
+        lines.append(f"| {r['model']} | {r['family']} | {_fmt(r.get('parameters'), ',')} | {eager} | "
+                     f"{_fmt(e.get('max_abs_diff'), '.1e')} | {_fmt(e.get('ratio'))} | {comp} | "
+                     f"{_fmt(c.get('ratio'))} | {_fmt(c.get('cpu_compile_s'), '.1f', ' s')} | "
+                     f"{_fmt(c.get('neuron_compile_s'), '.1f', ' s')} | {_fmt(c.get('compile_ratio'))} |")
+    notes = [r for r in rows if r.get("reason")]
+    if notes:
+        lines += ["", "## Failures and their reasons", ""]
+        lines += [f"- `{r['model']}`: {r['verdict']}: {r['reason']}" for r in notes]
+    lines += ["", f"Sources: {', '.join(sources)} (JSON and CSV under `benchmarks/results/`, not kept in git).", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
 
 
 def run_order(names: list[str]) -> list[str]:
