@@ -7,11 +7,17 @@ too: a wrong gradient fails the comparison, and the expected-failure list is str
 """
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+if ROOT not in sys.path:  # benchmarks/ is a directory of the checkout, not an installed package
+    sys.path.append(ROOT)
 
 from benchmarks import model_suite  # noqa: E402
 
