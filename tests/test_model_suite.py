@@ -27,7 +27,7 @@ COMPILED_MODEL = "distilbert"
 
 def _run(tmp_path, *argv):
     out = tmp_path / "suite.json"
-    status = model_suite.main([*argv, "--quick", "--budget", "300", "--json", str(out)])
+    status = model_suite.main([*argv, "--quick", "--budget", "900", "--json", str(out)])
     data = json.loads(out.read_text())
     assert out.with_suffix(".csv").exists()
     return status, data
