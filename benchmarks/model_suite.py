@@ -84,10 +84,12 @@ EXPECTED_FAILURES: dict[str, str] = {}
 # Model name -> why neuron's eager step is within tolerance of the CPU's but not bit-identical.
 CONV_LAYOUT = ("a convolution of a channels-last input answers on neuron in the contiguous layout PyTorch derives for "
                "a PrivateUse1 device (ConvBackend::Overrideable, also what fake tensors assume), the CPU in "
-               "channels-last; equal values, but a later {op} of the other layout sums in another order")
+               "channels-last; equal values, but {op}")
 NOT_BIT_IDENTICAL: dict[str, str] = {
-    "convnext": CONV_LAYOUT.format(op="mean over the spatial dimensions (the pooler)"),
-    "segformer": CONV_LAYOUT.format(op="GELU of a transposed view"),
+    "convnext": CONV_LAYOUT.format(op="the pooler's mean over the spatial dimensions sums the other layout "
+                                      "in another order"),
+    "segformer": CONV_LAYOUT.format(op="GELU over a transposed view of the other layout rounds some elements "
+                                       "differently"),
 }
 
 
