@@ -24,7 +24,7 @@ reported as ``timeout``, the suite goes on). In that process, from the same weig
 Models that fail on the CPU as well are listed in ``EXPECTED_FAILURES`` with their reason; the
 list is strict: a listed model that runs on the CPU is reported as an unexpected pass.
 
-    python benchmarks/model_suite.py                      # all models, eager and compiled (about an hour on 2 busy cores)
+    python benchmarks/model_suite.py                      # all, eager and compiled (~4 min a model on 2 busy cores)
     python benchmarks/model_suite.py --eager-only --quick # eager only, a few minutes
     python benchmarks/model_suite.py --models bert,gpt2 -k moe --budget 300
 
@@ -141,10 +141,11 @@ def _specs() -> list[Spec]:
     t = _t
     specs = [
         # Decoder language models.
-        Spec("gpt2", "decoder", lambda: t().GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4),
+        Spec("gpt2", "decoder", lambda: t().GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2,
+                                                      n_head=4),
              "causal", "tokens"),
-        Spec("gpt_neo", "decoder", lambda: t().GPTNeoConfig(vocab_size=VOCAB, max_position_embeddings=64, hidden_size=32,
-                                                           num_layers=2, num_heads=4, intermediate_size=64,
+        Spec("gpt_neo", "decoder", lambda: t().GPTNeoConfig(vocab_size=VOCAB, max_position_embeddings=64,
+                                                           hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                                                            attention_types=[[["global", "local"], 1]], window_size=8),
              "causal", "tokens"),
         Spec("gptj", "decoder", lambda: t().GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
@@ -212,7 +213,8 @@ def _specs() -> list[Spec]:
         Spec("megatron_bert", "encoder", lambda: t().MegatronBertConfig(**ENC), "masked", "tokens"),
         Spec("mpnet", "encoder", lambda: t().MPNetConfig(**dict(ENC, max_position_embeddings=80)), "masked", "tokens"),
         Spec("ernie", "encoder", lambda: t().ErnieConfig(**ENC), "masked", "tokens"),
-        Spec("convbert", "encoder", lambda: t().ConvBertConfig(**ENC, embedding_size=32, head_ratio=2, conv_kernel_size=3),
+        Spec("convbert", "encoder", lambda: t().ConvBertConfig(**ENC, embedding_size=32, head_ratio=2,
+                                                              conv_kernel_size=3),
              "masked", "tokens"),
         Spec("funnel", "encoder", lambda: t().FunnelConfig(vocab_size=VOCAB, block_sizes=[1, 1], block_repeats=[1, 1],
                                                           num_decoder_layers=1, d_model=32, n_head=4, d_head=8,
@@ -703,10 +705,12 @@ def format_table(rows: list[dict[str, Any]], summary: dict[str, Any], eager_only
                  f"worst {_fmt(s['eager_ratio_worst'])} ({s['eager_ratio_worst_model']})")
     if not eager_only:
         lines.append(f"compiled (Inductor): {s['compiled_pass']} of {s['compiled_runnable']} pass (rtol=atol=1e-3 "
-                     f"against compiled CPU), {s['compiled_bit_identical']} bit-identical; step time ratio median {_fmt(s['compiled_ratio_median'])}, worst "
+                     f"against compiled CPU), {s['compiled_bit_identical']} bit-identical; step time ratio median "
+                     f"{_fmt(s['compiled_ratio_median'])}, worst "
                      f"{_fmt(s['compiled_ratio_worst'])}; cold compile time neuron / CPU median "
                      f"{_fmt(s['compile_time_ratio_median'])}, worst {_fmt(s['compile_time_ratio_worst'])} "
-                     f"(median {_fmt(s['compile_neuron_s_median'], '.1f')} s vs {_fmt(s['compile_cpu_s_median'], '.1f')}"
+                     f"(median {_fmt(s['compile_neuron_s_median'], '.1f')} s vs "
+                     f"{_fmt(s['compile_cpu_s_median'], '.1f')}"
                      f" s); warm {_fmt(s['warm_compile_time_ratio_median'])}")
     skipped = [r for r in rows if r["verdict"] in ("xfail", "CPU-FAIL", "XPASS", "FAIL", "timeout")]
     for r in skipped:
