@@ -321,6 +321,9 @@ def write_docs(results, supported, mod_supported, figures, mod_figures, meta, ba
              "noncontiguous twins. Freed device blocks are poisoned before each sample, so reads of "
              "uninitialized device memory show. The headline counts forward and backward; the per-op table "
              "shows every check.\n")
+    L.append("Whole models, one op sequence each: tiny transformers models (decoders, mixture-of-experts, encoders, "
+             "encoder-decoders, vision, audio), one training step on neuron against the CPU, eager and compiled, "
+             "in [model_suite.md](model_suite.md) (`benchmarks/model_suite.py`).\n")
     if meta.get("quick") or meta.get("ops_filter") or meta.get("dtypes_filter"):
         L.append(f"**Partial run** (quick={meta.get('quick')}, ops={meta.get('ops_filter')}, "
                  f"dtypes={meta.get('dtypes_filter')}).\n")
