@@ -432,7 +432,7 @@ _RATIO_PROGRAM = textwrap.dedent("""
                       "fx_hits": inductor["fxgraph_cache_hit"], "fx_misses": inductor["fxgraph_cache_miss"],
                       "fx_bypass": inductor["fxgraph_cache_bypass"], "aot_hits": aot["autograd_cache_hit"],
                       "aot_misses": aot["autograd_cache_miss"], "aot_bypass": aot["autograd_cache_bypass"],
-                      "torchneuron": "torchneuron" in sys.modules}}))
+                      "torchneuron": getattr(sys.modules.get("torchneuron"), "__file__", None)}}))
 """)
 
 # variant -> (device, backend, extra environment)
@@ -475,8 +475,10 @@ def compile_ratios(models: list[str], variants: list[str], repeats: int, threads
                     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, **extra)
                     env.pop("TORCHNEURON_CACHE_DIR", None)
                     for phase in ("cold", "warm"):
+                        # cwd: the cache directory, so the child imports torchneuron as PYTHONPATH or the
+                        # installed package says, not from the directory the benchmark was started in
                         proc = subprocess.run([sys.executable, "-c", program, device, backend, model_name, gpt_path],
-                                              capture_output=True, text=True, env=env, timeout=3600)
+                                              capture_output=True, text=True, env=env, timeout=3600, cwd=cache)
                         if proc.returncode != 0:
                             lines = proc.stderr.strip().splitlines() or ["failed"]
                             raise RuntimeError(f"{model_name} {variant} {phase}: {lines[-1]}")
@@ -639,17 +641,17 @@ def _main_compile_ratio(args: argparse.Namespace, threads: int) -> int:
     busy = busy_cpus()
     if busy is not None and busy > 0.5:
         log(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy; timings will be noisy")
-    import torchneuron
-
-    log(f"[compile-ratio] torchneuron from {Path(torchneuron.__file__).parent}, models {models}, "
-        f"variants {variants}, {args.ratio_repeats} repeats, threads {threads}")
+    log(f"[compile-ratio] models {models}, variants {variants}, {args.ratio_repeats} repeats, threads {threads}")
     result = compile_ratios(models, variants, args.ratio_repeats, threads, log)
+    used = sorted({p[phase]["torchneuron"] or "not imported" for runs in result["runs"].values()
+                   for pairs in runs.values() for p in pairs for phase in ("cold", "warm")})
+    print(f"torchneuron in the compiling processes: {', '.join(used)}")
     print(format_compile_ratios(result), flush=True)
     if not args.no_json:
         path = getattr(args, "json", None) or args.json_dir / "compile_ratio.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**result, "torch": torch.__version__, "busy_cpus_before_run": busy,
-                                    "torchneuron": str(Path(torchneuron.__file__).parent), "argv": sys.argv},
+                                    "argv": sys.argv},
                                    indent=2) + "\n")
         print(f"results written to {_display_path(path)}", flush=True)
     return 0
