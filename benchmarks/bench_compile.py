@@ -389,7 +389,7 @@ RATIO_MODELS = ("gpt", "llama", "bert")
 # compile_fx, transformers, the model) loads before the clock starts; the figure is the first call's time minus
 # a compiled call's. The model file of the demo GPT is loaded by path, so "cpu-plain" imports no torchneuron.
 _RATIO_PROGRAM = textwrap.dedent("""
-    import importlib.util, json, sys, time
+    import importlib.util, json, resource, sys, time
     import torch
     import torch._dynamo, torch._inductor.compile_fx
     device, backend, name, gpt_path = sys.argv[1:5]
@@ -424,11 +424,18 @@ _RATIO_PROGRAM = textwrap.dedent("""
     def step():
         loss_of(run, data).backward()
         torch.accelerator.synchronize() if device != "cpu" else None
-    start = time.perf_counter(); step(); first = time.perf_counter() - start
-    start = time.perf_counter(); step(); steady = time.perf_counter() - start
+    def clocks():  # wall time; CPU time of this process and of the children it waited for (compilers, probes)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+    def timed():
+        wall, cpu = clocks(); step(); wall_end, cpu_end = clocks()
+        return wall_end - wall, cpu_end - cpu
+    first, first_cpu = timed()
+    steady, steady_cpu = timed()
     from torch._dynamo.utils import counters
     inductor, aot = counters["inductor"], counters["aot_autograd"]
-    print(json.dumps({{"seconds": first - steady, "frames": counters["frames"]["ok"],
+    print(json.dumps({{"seconds": first - steady, "cpu_seconds": first_cpu - steady_cpu,
+                      "frames": counters["frames"]["ok"],
                       "fx_hits": inductor["fxgraph_cache_hit"], "fx_misses": inductor["fxgraph_cache_miss"],
                       "fx_bypass": inductor["fxgraph_cache_bypass"], "aot_hits": aot["autograd_cache_hit"],
                       "aot_misses": aot["autograd_cache_miss"], "aot_bypass": aot["autograd_cache_bypass"],
@@ -484,31 +491,37 @@ def compile_ratios(models: list[str], variants: list[str], repeats: int, threads
                             raise RuntimeError(f"{model_name} {variant} {phase}: {lines[-1]}")
                         pair[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
                 runs[model_name][variant].append(pair)
-                log(f"  [{r + 1}/{repeats}] {model_name} {variant}: cold {pair['cold']['seconds']:.1f} s, "
-                    f"warm {pair['warm']['seconds']:.2f} s (warm FX hits {pair['warm']['fx_hits']}, "
+                log(f"  [{r + 1}/{repeats}] {model_name} {variant}: cold {pair['cold']['seconds']:.1f} s "
+                    f"(CPU {pair['cold']['cpu_seconds']:.1f} s), warm {pair['warm']['seconds']:.2f} s "
+                    f"(CPU {pair['warm']['cpu_seconds']:.2f} s) (warm FX hits {pair['warm']['fx_hits']}, "
                     f"AOT hits {pair['warm']['aot_hits']})")
     return {"models": models, "variants": variants, "repeats": repeats, "threads": threads, "runs": runs}
 
 
 def format_compile_ratios(result: dict[str, Any]) -> str:
-    """Render :func:`compile_ratios` as a table: median cold and warm seconds per variant, ratios to the baseline."""
+    """Render :func:`compile_ratios` as a table: median cold and warm times per variant and ratios to the baseline,
+    in wall time and in CPU time (the process's and its compilers'; steadier than wall time on a busy machine)."""
     variants = result["variants"]
     base = variants[0]
-    header = ["model", "variant", "cold", "warm", "cold / " + base, "warm / " + base, "warm FX/AOT hits"]
+    header = ["model", "variant", "cold wall", "warm wall", "cold CPU", "warm CPU",
+              "cold / " + base + " (wall, CPU)", "warm / " + base + " (wall, CPU)", "warm FX/AOT hits"]
     table = [header]
     for model_name in result["models"]:
         runs = result["runs"][model_name]
         for variant in variants:
             pairs = runs[variant]
-            cold = statistics.median(p["cold"]["seconds"] for p in pairs)
-            warm = statistics.median(p["warm"]["seconds"] for p in pairs)
+            cells = []
+            for key in ("seconds", "cpu_seconds"):
+                for phase in ("cold", "warm"):
+                    cells.append(f"{statistics.median(p[phase][key] for p in pairs):.1f} s")
             ratios = ["-", "-"]
             if variant != base:
                 for i, phase in enumerate(("cold", "warm")):
-                    ratios[i] = f"{statistics.median(p[phase]['seconds'] / b[phase]['seconds'] for p, b in zip(pairs, runs[base])):.2f}"
+                    ratios[i] = ", ".join(
+                        f"{statistics.median(p[phase][key] / b[phase][key] for p, b in zip(pairs, runs[base])):.2f}"
+                        for key in ("seconds", "cpu_seconds"))
             hits = pairs[-1]["warm"]
-            table.append([model_name, variant, f"{cold:.1f} s", f"{warm:.2f} s", *ratios,
-                          f"{hits['fx_hits']}/{hits['aot_hits']}"])
+            table.append([model_name, variant, *cells, *ratios, f"{hits['fx_hits']}/{hits['aot_hits']}"])
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = [f"compile time of one forward+backward in a fresh process (first call minus a compiled call), "
              f"cold: empty cache directory, warm: the directory the cold process filled; medians over "
@@ -520,114 +533,6 @@ def format_compile_ratios(result: dict[str, Any]) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-SUITE = Suite(
-    name="compile",
-    description="torch.compile: MLP, CNN and GPT training steps and inference; eager, default backend and backend=neuron",
-    build_cases=lambda args: [],
-    default_threads=2,
-    default_rounds=20,
-    add_arguments=add_arguments,
-)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the compile benchmark, print its tables, write its JSON and return the exit status.
-
-    Args:
-        argv: arguments without the program name; None reads sys.argv.
-    """
-    args = make_parser(SUITE.description, [SUITE]).parse_args(argv)
-    devices = parse_devices(args.devices)
-    require_devices(devices)
-    base, other = devices
-    labels = device_labels(devices)
-    threads = args.threads or SUITE.default_threads
-    rounds = args.rounds or (QUICK_ROUNDS if args.quick else SUITE.default_rounds)
-    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
-    round_ms = args.round_ms or (QUICK_ROUND_MS if args.quick else DEFAULT_ROUND_MS)
-    torch.set_num_threads(threads)
-    # Every compiled module shares Dynamo's wrapper code object: allow one cache entry per variant.
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    optimizer_kwargs = OPTIMIZER_IMPLS[args.optimizer_impl]
-    if args.compile_ratio:
-        return _main_compile_ratio(args, threads)
-
-    variants = [(base, "eager"), (base, "inductor"), (other, "eager"), (other, "inductor")]
-    if torch.device(other).type == "neuron":
-        variants.append((other, "backend=neuron"))
-    works, gpt_skip = workloads()
-    if args.filter:
-        works = [w for w in works if args.filter in w.name]
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"[compile] {len(works)} workloads x {len(variants)} variants on {labels[0]} and {labels[1]}, "
-        f"threads {threads}")
-    busy = busy_cpus()
-    if busy is not None and busy > 0.5:
-        log(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy; timings will be noisy")
-
-    results: list[Result] = []
-    speedups: list[tuple[str, dict[str, float]]] = []
-    raw: dict[str, Any] = {}
-    for work in works:
-        torch._dynamo.reset()  # the previous workload's compiled code is not needed any more
-        started = time.perf_counter()
-        inner, samples, errors = measure_workload(work, variants, rounds, warmup, round_ms, optimizer_kwargs)
-        raw[work.name] = {f"{d} {c}": s for (d, c), s in samples.items()}
-        for compiler in COMPILERS:
-            pair = [(base, "eager" if compiler == "eager" else "inductor"), (other, compiler)]
-            if pair[1] not in samples and pair[1] not in errors:
-                continue
-            target = EAGER_TARGET if compiler == "eager" else COMPILED_TARGET
-            failed = [f"{d} {c}: {errors[(d, c)]}" for d, c in pair if (d, c) in errors]
-            case = Case(f"{work.name} | {compiler}", lambda device: None, target, skip="; ".join(failed) or None)
-            results.append(Result(case, labels, inner, [] if failed else [samples[pair[0]], samples[pair[1]]]))
-        ups = {}
-        for device, label, compiler in ((base, labels[0], "inductor"), (other, labels[1], "inductor"),
-                                        (other, labels[1], "backend=neuron")):
-            if (device, "eager") in samples and (device, compiler) in samples:
-                ups[f"{label} {compiler}"] = 1 / _ratio(samples[(device, "eager")], samples[(device, compiler)])
-        speedups.append((work.name, ups))
-        medians = "  ".join(f"{d} {c} {statistics.median(s) / 1e6:.2f} ms" for (d, c), s in samples.items())
-        log(f"  {work.name}: {medians}  ({time.perf_counter() - started:.0f} s)")
-
-    title = (f"{SUITE.name}: {SUITE.description}\n"
-             f"devices {labels[0]} vs {labels[1]}, threads {torch.get_num_threads()}, rounds {rounds} "
-             f"(+{warmup} warmup), all variants of a workload interleaved, torch {torch.__version__}\n"
-             f"rows '| backend=neuron' compare {labels[1]} backend=neuron with {labels[0]} default backend")
-    print(format_table(results, labels, title), flush=True)
-    if gpt_skip:
-        print(f"gpt rows skipped: {gpt_skip}")
-    print()
-    columns = [f"{labels[0]} inductor", f"{labels[1]} inductor", f"{labels[1]} backend=neuron"]
-    print(speedup_table(speedups, columns), flush=True)
-
-    times: list[dict[str, Any]] = []
-    if args.compile_times and torch.device(other).type == "neuron":
-        models = [m for m in ("mlp", "cnn", "gpt") if not args.filter or args.filter in m or
-                  any(args.filter in w.name and w.name.startswith(m) for w in works)]
-        log("")
-        times = compile_times(threads, models, log)
-        print()
-        print(format_compile_times(times), flush=True)
-
-    if not args.no_json:
-        path = getattr(args, "json", None) or args.json_dir / f"{SUITE.name}.json"
-        settings = {"devices": list(devices), "labels": list(labels), "threads": torch.get_num_threads(),
-                    "rounds": rounds, "warmup": warmup, "round_ms": round_ms, "quick": args.quick,
-                    "filter": args.filter, "argv": sys.argv, "busy_cpus_before_run": busy,
-                    "optimizer_impl": args.optimizer_impl}
-        write_json(path, SUITE, results, settings)
-        payload = json.loads(path.read_text())
-        payload["speedups"] = {name: ups for name, ups in speedups}
-        payload["variant_rounds_ns"] = raw
-        payload["compile_times"] = times
-        path.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"results written to {_display_path(path)}", flush=True)
-    failed = any(r.ok is False for r in results)
-    return 1 if failed and args.strict else 0
 
 
 def _main_compile_ratio(args: argparse.Namespace, threads: int) -> int:
