@@ -535,6 +535,114 @@ def format_compile_ratios(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SUITE = Suite(
+    name="compile",
+    description="torch.compile: MLP, CNN and GPT training steps and inference; eager, default backend and backend=neuron",
+    build_cases=lambda args: [],
+    default_threads=2,
+    default_rounds=20,
+    add_arguments=add_arguments,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the compile benchmark, print its tables, write its JSON and return the exit status.
+
+    Args:
+        argv: arguments without the program name; None reads sys.argv.
+    """
+    args = make_parser(SUITE.description, [SUITE]).parse_args(argv)
+    devices = parse_devices(args.devices)
+    require_devices(devices)
+    base, other = devices
+    labels = device_labels(devices)
+    threads = args.threads or SUITE.default_threads
+    rounds = args.rounds or (QUICK_ROUNDS if args.quick else SUITE.default_rounds)
+    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP if args.quick else DEFAULT_WARMUP)
+    round_ms = args.round_ms or (QUICK_ROUND_MS if args.quick else DEFAULT_ROUND_MS)
+    torch.set_num_threads(threads)
+    # Every compiled module shares Dynamo's wrapper code object: allow one cache entry per variant.
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    optimizer_kwargs = OPTIMIZER_IMPLS[args.optimizer_impl]
+    if args.compile_ratio:
+        return _main_compile_ratio(args, threads)
+
+    variants = [(base, "eager"), (base, "inductor"), (other, "eager"), (other, "inductor")]
+    if torch.device(other).type == "neuron":
+        variants.append((other, "backend=neuron"))
+    works, gpt_skip = workloads()
+    if args.filter:
+        works = [w for w in works if args.filter in w.name]
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"[compile] {len(works)} workloads x {len(variants)} variants on {labels[0]} and {labels[1]}, "
+        f"threads {threads}")
+    busy = busy_cpus()
+    if busy is not None and busy > 0.5:
+        log(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy; timings will be noisy")
+
+    results: list[Result] = []
+    speedups: list[tuple[str, dict[str, float]]] = []
+    raw: dict[str, Any] = {}
+    for work in works:
+        torch._dynamo.reset()  # the previous workload's compiled code is not needed any more
+        started = time.perf_counter()
+        inner, samples, errors = measure_workload(work, variants, rounds, warmup, round_ms, optimizer_kwargs)
+        raw[work.name] = {f"{d} {c}": s for (d, c), s in samples.items()}
+        for compiler in COMPILERS:
+            pair = [(base, "eager" if compiler == "eager" else "inductor"), (other, compiler)]
+            if pair[1] not in samples and pair[1] not in errors:
+                continue
+            target = EAGER_TARGET if compiler == "eager" else COMPILED_TARGET
+            failed = [f"{d} {c}: {errors[(d, c)]}" for d, c in pair if (d, c) in errors]
+            case = Case(f"{work.name} | {compiler}", lambda device: None, target, skip="; ".join(failed) or None)
+            results.append(Result(case, labels, inner, [] if failed else [samples[pair[0]], samples[pair[1]]]))
+        ups = {}
+        for device, label, compiler in ((base, labels[0], "inductor"), (other, labels[1], "inductor"),
+                                        (other, labels[1], "backend=neuron")):
+            if (device, "eager") in samples and (device, compiler) in samples:
+                ups[f"{label} {compiler}"] = 1 / _ratio(samples[(device, "eager")], samples[(device, compiler)])
+        speedups.append((work.name, ups))
+        medians = "  ".join(f"{d} {c} {statistics.median(s) / 1e6:.2f} ms" for (d, c), s in samples.items())
+        log(f"  {work.name}: {medians}  ({time.perf_counter() - started:.0f} s)")
+
+    title = (f"{SUITE.name}: {SUITE.description}\n"
+             f"devices {labels[0]} vs {labels[1]}, threads {torch.get_num_threads()}, rounds {rounds} "
+             f"(+{warmup} warmup), all variants of a workload interleaved, torch {torch.__version__}\n"
+             f"rows '| backend=neuron' compare {labels[1]} backend=neuron with {labels[0]} default backend")
+    print(format_table(results, labels, title), flush=True)
+    if gpt_skip:
+        print(f"gpt rows skipped: {gpt_skip}")
+    print()
+    columns = [f"{labels[0]} inductor", f"{labels[1]} inductor", f"{labels[1]} backend=neuron"]
+    print(speedup_table(speedups, columns), flush=True)
+
+    times: list[dict[str, Any]] = []
+    if args.compile_times and torch.device(other).type == "neuron":
+        models = [m for m in ("mlp", "cnn", "gpt") if not args.filter or args.filter in m or
+                  any(args.filter in w.name and w.name.startswith(m) for w in works)]
+        log("")
+        times = compile_times(threads, models, log)
+        print()
+        print(format_compile_times(times), flush=True)
+
+    if not args.no_json:
+        path = getattr(args, "json", None) or args.json_dir / f"{SUITE.name}.json"
+        settings = {"devices": list(devices), "labels": list(labels), "threads": torch.get_num_threads(),
+                    "rounds": rounds, "warmup": warmup, "round_ms": round_ms, "quick": args.quick,
+                    "filter": args.filter, "argv": sys.argv, "busy_cpus_before_run": busy,
+                    "optimizer_impl": args.optimizer_impl}
+        write_json(path, SUITE, results, settings)
+        payload = json.loads(path.read_text())
+        payload["speedups"] = {name: ups for name, ups in speedups}
+        payload["variant_rounds_ns"] = raw
+        payload["compile_times"] = times
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"results written to {_display_path(path)}", flush=True)
+    failed = any(r.ok is False for r in results)
+    return 1 if failed and args.strict else 0
+
+
 def _main_compile_ratio(args: argparse.Namespace, threads: int) -> int:
     """``--compile-ratio``: run :func:`compile_ratios`, print its table and write its JSON."""
     models = [m for m in args.ratio_models.split(",") if m]
