@@ -513,7 +513,8 @@ def format_compile_ratios(result: dict[str, Any]) -> str:
             cells = []
             for key in ("seconds", "cpu_seconds"):
                 for phase in ("cold", "warm"):
-                    cells.append(f"{statistics.median(p[phase][key] for p in pairs):.1f} s")
+                    digits = 1 if phase == "cold" else 2
+                    cells.append(f"{statistics.median(p[phase][key] for p in pairs):.{digits}f} s")
             ratios = ["-", "-"]
             if variant != base:
                 for i, phase in enumerate(("cold", "warm")):
