@@ -21,6 +21,7 @@ empty and then a filled cache directory.
 
     python benchmarks/bench_compile.py                 # everything (about 20 minutes on 2 cores, cold cache)
     python benchmarks/bench_compile.py -k mlp --quick  # smoke run
+    python benchmarks/bench_compile.py --compile-ratio # cold/warm compile time, neuron vs CPU Inductor only
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="AdamW implementation used by every variant (default: %(default)s)")
     parser.add_argument("--no-compile-times", dest="compile_times", action="store_false",
                         help="skip the cold/warm compile time measurement (fresh processes, slow)")
+    parser.add_argument("--compile-ratio", action="store_true",
+                        help="only the focused compile-time comparison: cold and warm compile of a forward+backward "
+                             "on neuron vs CPU Inductor, fresh processes interleaved, medians (see compile_ratios)")
+    parser.add_argument("--ratio-models", default=",".join(RATIO_MODELS), metavar="LIST",
+                        help=f"models of --compile-ratio, any of {', '.join(RATIO_MODELS)} (default: %(default)s)")
+    parser.add_argument("--ratio-repeats", type=int, default=3, metavar="N",
+                        help="cold+warm process pairs per model and variant for --compile-ratio (default: %(default)s)")
+    parser.add_argument("--ratio-variants", default="cpu,neuron", metavar="LIST",
+                        help="variants of --compile-ratio, baseline first: cpu (CPU Inductor, torchneuron loaded), "
+                             "cpu-plain (CPU Inductor without torchneuron), neuron (default backend), "
+                             "neuron-backend (backend='neuron') (default: %(default)s)")
 
 
 CNN_BATCH = 32
@@ -371,6 +383,159 @@ def format_compile_times(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+RATIO_MODELS = ("gpt", "llama", "bert")
+
+# A fresh process compiles one model's forward+backward once. Everything it imports (torch, Dynamo, Inductor's
+# compile_fx, transformers, the model) loads before the clock starts; the figure is the first call's time minus
+# a compiled call's. The model file of the demo GPT is loaded by path, so "cpu-plain" imports no torchneuron.
+_RATIO_PROGRAM = textwrap.dedent("""
+    import importlib.util, json, resource, sys, time
+    import torch
+    import torch._dynamo, torch._inductor.compile_fx
+    device, backend, name, gpt_path = sys.argv[1:5]
+    torch.set_num_threads({threads})
+    torch.manual_seed(0)
+    if name == "gpt":
+        spec = importlib.util.spec_from_file_location("_ratio_gpt", gpt_path)
+        gpt = importlib.util.module_from_spec(spec); sys.modules[spec.name] = gpt; spec.loader.exec_module(gpt)
+        model = gpt.GPT(gpt.GPTConfig(**{gpt_shape!r}))
+        tokens = torch.randint(0, {gpt_vocab}, ({gpt_batch}, {gpt_block} + 1))
+        data = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+        loss_of = lambda m, d: m(d[0], d[1])[1]
+    elif name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=128))
+        data = (torch.randint(0, 256, (4, 32)),)
+        loss_of = lambda m, d: m(input_ids=d[0], labels=d[0]).loss
+    elif name == "bert":
+        from transformers import BertConfig, BertForSequenceClassification
+        model = BertForSequenceClassification(BertConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
+                                                         num_hidden_layers=2, num_attention_heads=4,
+                                                         max_position_embeddings=128))
+        data = (torch.randint(0, 256, (4, 32)), torch.randint(0, 2, (4,)))
+        loss_of = lambda m, d: m(input_ids=d[0], labels=d[1]).loss
+    else:
+        raise ValueError(f"unknown model {{name!r}}")
+    model = model.to(device).train()
+    data = tuple(t.to(device) for t in data)
+    run = torch.compile(model, backend=backend)
+    def step():
+        loss_of(run, data).backward()
+        torch.accelerator.synchronize() if device != "cpu" else None
+    def clocks():  # wall time; CPU time of this process and of the children it waited for (compilers, probes)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.perf_counter(), time.process_time() + children.ru_utime + children.ru_stime
+    def timed():
+        wall, cpu = clocks(); step(); wall_end, cpu_end = clocks()
+        return wall_end - wall, cpu_end - cpu
+    first, first_cpu = timed()
+    steady, steady_cpu = timed()
+    from torch._dynamo.utils import counters
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    print(json.dumps({{"seconds": first - steady, "cpu_seconds": first_cpu - steady_cpu,
+                      "frames": counters["frames"]["ok"],
+                      "fx_hits": inductor["fxgraph_cache_hit"], "fx_misses": inductor["fxgraph_cache_miss"],
+                      "fx_bypass": inductor["fxgraph_cache_bypass"], "aot_hits": aot["autograd_cache_hit"],
+                      "aot_misses": aot["autograd_cache_miss"], "aot_bypass": aot["autograd_cache_bypass"],
+                      "torchneuron": getattr(sys.modules.get("torchneuron"), "__file__", None)}}))
+""")
+
+# variant -> (device, backend, extra environment)
+RATIO_VARIANTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "cpu": ("cpu", "inductor", {}),
+    "cpu-plain": ("cpu", "inductor", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+    "neuron": ("neuron", "inductor", {}),
+    "neuron-backend": ("neuron", "neuron", {}),
+}
+
+
+def compile_ratios(models: list[str], variants: list[str], repeats: int, threads: int,
+                   log: Callable[[str], None]) -> dict[str, Any]:
+    """Cold and warm compile times of a forward+backward, each variant in fresh processes, and their ratios.
+
+    Every repeat runs, per model, each variant in a new random order: a process on an empty
+    ``TORCHINDUCTOR_CACHE_DIR`` (cold), then one on the directory it filled (warm). Ratios are
+    variant / first variant, as the median of the per-repeat ratios.
+
+    Args:
+        models: names in RATIO_MODELS.
+        variants: names in RATIO_VARIANTS, the baseline first.
+        repeats: cold+warm pairs per model and variant.
+        threads: torch.set_num_threads value in the child processes.
+        log: receives one progress line per pair.
+    """
+    from benchmarks.bench_models import GPT_SHAPE, GPT_TRAIN_BATCH
+
+    program = _RATIO_PROGRAM.format(threads=threads, gpt_shape=GPT_SHAPE, gpt_vocab=GPT_SHAPE["vocab_size"],
+                                    gpt_batch=GPT_TRAIN_BATCH, gpt_block=GPT_SHAPE["block_size"])
+    gpt_path = str(Path(load_gpt().__file__).resolve())
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {m: {v: [] for v in variants} for m in models}
+    order = random.Random(1)
+    for r in range(repeats):
+        for model_name in models:
+            for variant in order.sample(variants, len(variants)):
+                device, backend, extra = RATIO_VARIANTS[variant]
+                pair: dict[str, Any] = {}
+                with tempfile.TemporaryDirectory(prefix="bench_compile_ratio_") as cache:
+                    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, **extra)
+                    env.pop("TORCHNEURON_CACHE_DIR", None)
+                    for phase in ("cold", "warm"):
+                        # cwd: the cache directory, so the child imports torchneuron as PYTHONPATH or the
+                        # installed package says, not from the directory the benchmark was started in
+                        proc = subprocess.run([sys.executable, "-c", program, device, backend, model_name, gpt_path],
+                                              capture_output=True, text=True, env=env, timeout=3600, cwd=cache)
+                        if proc.returncode != 0:
+                            lines = proc.stderr.strip().splitlines() or ["failed"]
+                            raise RuntimeError(f"{model_name} {variant} {phase}: {lines[-1]}")
+                        pair[phase] = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs[model_name][variant].append(pair)
+                log(f"  [{r + 1}/{repeats}] {model_name} {variant}: cold {pair['cold']['seconds']:.1f} s "
+                    f"(CPU {pair['cold']['cpu_seconds']:.1f} s), warm {pair['warm']['seconds']:.2f} s "
+                    f"(CPU {pair['warm']['cpu_seconds']:.2f} s) (warm FX hits {pair['warm']['fx_hits']}, "
+                    f"AOT hits {pair['warm']['aot_hits']})")
+    return {"models": models, "variants": variants, "repeats": repeats, "threads": threads, "runs": runs}
+
+
+def format_compile_ratios(result: dict[str, Any]) -> str:
+    """Render :func:`compile_ratios` as a table: median cold and warm times per variant and ratios to the baseline,
+    in wall time and in CPU time (the process's and its compilers'; steadier than wall time on a busy machine)."""
+    variants = result["variants"]
+    base = variants[0]
+    header = ["model", "variant", "cold wall", "warm wall", "cold CPU", "warm CPU",
+              "cold / " + base + " (wall, CPU)", "warm / " + base + " (wall, CPU)", "warm FX/AOT hits"]
+    table = [header]
+    for model_name in result["models"]:
+        runs = result["runs"][model_name]
+        for variant in variants:
+            pairs = runs[variant]
+            cells = []
+            for key in ("seconds", "cpu_seconds"):
+                for phase in ("cold", "warm"):
+                    digits = 1 if phase == "cold" else 2
+                    cells.append(f"{statistics.median(p[phase][key] for p in pairs):.{digits}f} s")
+            ratios = ["-", "-"]
+            if variant != base:
+                for i, phase in enumerate(("cold", "warm")):
+                    ratios[i] = ", ".join(
+                        f"{statistics.median(p[phase][key] / b[phase][key] for p, b in zip(pairs, runs[base])):.2f}"
+                        for key in ("seconds", "cpu_seconds"))
+            hits = pairs[-1]["warm"]
+            table.append([model_name, variant, *cells, *ratios, f"{hits['fx_hits']}/{hits['aot_hits']}"])
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = [f"compile time of one forward+backward in a fresh process (first call minus a compiled call), "
+             f"cold: empty cache directory, warm: the directory the cold process filled; medians over "
+             f"{result['repeats']} interleaved repeats, ratios = median of per-repeat ratios; "
+             f"threads {result['threads']}, torch {torch.__version__}"]
+    for j, r in enumerate(table):
+        lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]),
+                                *(c.rjust(w) for c, w in zip(r[2:], widths[2:]))]).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 SUITE = Suite(
     name="compile",
     description="torch.compile: MLP, CNN and GPT training steps and inference; eager, default backend and backend=neuron",
@@ -401,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.accumulated_recompile_limit = 4096
     optimizer_kwargs = OPTIMIZER_IMPLS[args.optimizer_impl]
+    if args.compile_ratio:
+        return _main_compile_ratio(args, threads)
 
     variants = [(base, "eager"), (base, "inductor"), (other, "eager"), (other, "inductor")]
     if torch.device(other).type == "neuron":
@@ -475,6 +642,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"results written to {_display_path(path)}", flush=True)
     failed = any(r.ok is False for r in results)
     return 1 if failed and args.strict else 0
+
+
+def _main_compile_ratio(args: argparse.Namespace, threads: int) -> int:
+    """``--compile-ratio``: run :func:`compile_ratios`, print its table and write its JSON."""
+    models = [m for m in args.ratio_models.split(",") if m]
+    variants = [v for v in args.ratio_variants.split(",") if v]
+    unknown = [m for m in models if m not in RATIO_MODELS] + [v for v in variants if v not in RATIO_VARIANTS]
+    if unknown or len(variants) < 2:
+        raise ValueError(f"--compile-ratio: unknown models/variants {unknown} or fewer than two variants")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    busy = busy_cpus()
+    if busy is not None and busy > 0.5:
+        log(f"warning: other processes keep {busy:.1f} of {os.cpu_count()} CPUs busy; timings will be noisy")
+    log(f"[compile-ratio] models {models}, variants {variants}, {args.ratio_repeats} repeats, threads {threads}")
+    result = compile_ratios(models, variants, args.ratio_repeats, threads, log)
+    used = sorted({p[phase]["torchneuron"] or "not imported" for runs in result["runs"].values()
+                   for pairs in runs.values() for p in pairs for phase in ("cold", "warm")})
+    print(f"torchneuron in the compiling processes: {', '.join(used)}")
+    print(format_compile_ratios(result), flush=True)
+    if not args.no_json:
+        path = getattr(args, "json", None) or args.json_dir / "compile_ratio.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**result, "torch": torch.__version__, "busy_cpus_before_run": busy,
+                                    "argv": sys.argv},
+                                   indent=2) + "\n")
+        print(f"results written to {_display_path(path)}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ cold run (empty cache) compiles a handful of small graphs.
 
 import copy
 import io
+import json
 import os
 import textwrap
 
@@ -563,6 +564,47 @@ def test_cache_reused_by_second_process_and_log_env(run_python, tmp_path):
     scalar = run_python(failed_check + _CACHE_PROGRAM, env=env, timeout=600)
     assert scalar.returncode == 0, scalar.stderr
     assert "fx 0 1" in scalar.stdout
+
+
+_TRAIN_CACHE_PROGRAM = textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch._dynamo.utils import counters
+    device, backend = sys.argv[1], sys.argv[2]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 1)).to(device)
+    x = torch.randn(4, 8, device=device)
+    model(x).sum().backward()
+    eager = [p.grad.cpu() for p in model.parameters()]
+    model.zero_grad()
+    torch.compile(model, backend=backend)(x).sum().backward()
+    for p, g in zip(model.parameters(), eager):
+        torch.testing.assert_close(p.grad.cpu(), g)
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    print(json.dumps([inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"],
+                      inductor["fxgraph_cache_bypass"], aot["autograd_cache_hit"], aot["autograd_cache_miss"],
+                      aot["autograd_cache_bypass"], counters["frames"]["ok"]]))
+""")
+
+
+@pytest.mark.parametrize("device,backend", [("cpu", "inductor"), ("neuron", "inductor"), ("neuron", "neuron")])
+def test_training_compile_cached_as_on_cpu(run_python, tmp_path, device, backend):
+    """A training graph's compile is cached as the CPU's is: a second process takes the AOTAutograd entry and
+    both FX graphs (forward, backward) from the cache, nothing bypasses it, and Dynamo compiles one frame.
+    A bypass (an unpicklable or device-specific object in a cache key or entry) would make every process
+    compile the graphs again; bench_compile.py --compile-ratio measures the time."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHNEURON_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        proc = run_python(_TRAIN_CACHE_PROGRAM.replace("sys.argv[1], sys.argv[2]", f"{device!r}, {backend!r}"),
+                          env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    #             fx hit/miss/bypass, AOT hit/miss/bypass, frames
+    assert cold == [0, 2, 0, 0, 1, 0, 1]
+    assert warm == [2, 0, 0, 1, 0, 0, 1]
 
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
