@@ -14,7 +14,7 @@
 #include "../fused/fused_mode.h"
 #include "../fused/deferred.h"
 #include "quantized.h"
-#include "../runtime/kernel_scope.h"
+#include "../runtime/neuron_runtime.h"
 
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
