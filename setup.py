@@ -67,8 +67,12 @@ class build_ext(BuildExtension.with_options(use_ninja=True)):
         self.build_temp = BUILD_TEMP
 
     def get_ext_filename(self, fullname):
-        if fullname == RUNTIME_EXT:  # a shared library, named as one
+        # The runtime is a shared library, named as one; setuptools asks by the full name and, for a
+        # path in the build folder, by the last part alone.
+        if fullname == RUNTIME_EXT:
             return os.path.join("torchneuron", RUNTIME_FILE)
+        if fullname == RUNTIME_EXT.rpartition(".")[2]:
+            return RUNTIME_FILE
         return super().get_ext_filename(fullname)
 
     def build_extension(self, ext):
