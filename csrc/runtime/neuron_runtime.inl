@@ -39,7 +39,12 @@ inline int apiVersion() { return tnrtApiVersion(); }
 
 // ---- devices ----------------------------------------------------------------------------------------
 using DeviceProperties = tnrtDeviceProperties;
-inline int deviceCount() { return tnrtDeviceCount(); }
+// The number of devices, the modes below: fixed when the runtime starts (read from the environment
+// once), so each is asked of the library once and kept, off the per-op path's calls across it.
+inline int deviceCount() {
+  static const int count = tnrtDeviceCount();
+  return count;
+}
 inline Status getDeviceProperties(int device, DeviceProperties* props) {
   return toStatus(tnrtGetDeviceProperties(device, props));
 }
@@ -71,7 +76,10 @@ inline bool isHostPinned(const void* ptr) { return tnrtIsHostPinned(ptr) != 0; }
 
 // ---- strict mode ------------------------------------------------------------------------------------
 using MemoryRange = tnrtMemoryRange;
-inline bool strictMode() { return tnrtStrictMode() != 0; }
+inline bool strictMode() {
+  static const bool on = tnrtStrictMode() != 0;  // fixed at start, as deviceCount()
+  return on;
+}
 inline void installStrictFaultHandler() { tnrtInstallStrictFaultHandler(); }
 class DeviceAccess {  // a window over `ranges` for its lifetime (nothing when not strict); nests
  public:
@@ -96,7 +104,10 @@ inline std::vector<MemoryRange> deviceAccessRanges() {
 }
 
 // ---- streams and events -----------------------------------------------------------------------------
-inline bool asyncMode() { return tnrtAsyncMode() != 0; }
+inline bool asyncMode() {
+  static const bool on = tnrtAsyncMode() != 0;  // fixed at start, as deviceCount()
+  return on;
+}
 using Stream = tnrtStream;
 using Event = tnrtEvent;
 inline Status streamSynchronize(int device, Stream stream) { return toStatus(tnrtStreamSynchronize(device, stream)); }
