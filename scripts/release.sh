@@ -23,6 +23,10 @@ rm -f "$OUT"/torchneuron-"$version"*
 sdist=$(ls "$OUT"/torchneuron-"$version".tar.gz)
 wheel=$(ls "$OUT"/torchneuron-"$version"-*.whl)
 echo "release: built $(basename "$sdist") and $(basename "$wheel")"
+# The wheel carries the runtime library beside _C, which loads it from there ($ORIGIN).
+"$PY" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); \
+missing = [n for n in ('torchneuron/libtorchneuron_runtime.so',) if n not in names]; \
+sys.exit(f'release: the wheel lacks {missing}') if missing else None" "$wheel"
 
 # The wheel in a new environment, away from the checkout (so nothing of it is imported).
 work=$(mktemp -d)

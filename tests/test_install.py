@@ -84,15 +84,19 @@ cmd.ensure_finalized()
 print(cmd.build_temp)
 print(*dist.ext_modules[0].sources)
 print(*dist.ext_modules[1].sources)
+print(*dist.ext_modules[2].sources)
 """
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    build_temp, sources, gloo_exit = out.stdout.strip().splitlines()[-3:]
+    build_temp, runtime, sources, gloo_exit = out.stdout.strip().splitlines()[-4:]
     assert pathlib.Path(build_temp).parent == ROOT / "build"
-    # Every C++ file is in torchneuron._C but csrc/distributed/exit.cpp, torchneuron._gloo_exit.
+    # The runtime library is csrc/runtime/ alone; every other C++ file is in torchneuron._C but
+    # csrc/distributed/exit.cpp, torchneuron._gloo_exit.
     expected = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*.cpp"))
-    assert sources.split() + gloo_exit.split() == [p for p in expected if p != "csrc/distributed/exit.cpp"] + [
-        "csrc/distributed/exit.cpp"]
+    in_runtime = [p for p in expected if p.startswith("csrc/runtime/")]
+    assert runtime.split() == in_runtime and "csrc/runtime/capi.cpp" in in_runtime
+    assert sources.split() + gloo_exit.split() == [
+        p for p in expected if p != "csrc/distributed/exit.cpp" and p not in in_runtime] + ["csrc/distributed/exit.cpp"]
 
 
 @pytest.mark.parametrize("debug", ["0", "1"])

@@ -32,8 +32,8 @@ def test_the_version_is_one_string_everywhere():
 
 def test_the_runtime_interface_version_is_the_headers():
     header = (ROOT / "csrc" / "runtime" / "neuron_runtime.h").read_text()
-    major = int(re.search(r"kApiVersionMajor = (\d+);", header).group(1))
-    minor = int(re.search(r"kApiVersionMinor = (\d+);", header).group(1))
+    major = int(re.search(r"#define TNRT_API_VERSION_MAJOR (\d+)", header).group(1))
+    minor = int(re.search(r"#define TNRT_API_VERSION_MINOR (\d+)", header).group(1))
     assert torchneuron.version.runtime_api == (major, minor)
     with pytest.raises(AttributeError):
         torchneuron.version.no_such_version  # noqa: B018
@@ -46,7 +46,7 @@ def test_the_sdist_carries_what_a_build_from_source_needs(tmp_path):
     (sdist,) = tmp_path.glob(f"torchneuron-{torchneuron.__version__}.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*") if p.suffix in (".cpp", ".h")}
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").rglob("*") if p.suffix in (".cpp", ".h", ".inl", ".map")}
     assert sources and sources <= names, sorted(sources - names)
     assert {"setup.py", "pyproject.toml", "README.md", "CHANGELOG.md", "SECURITY.md",
             "torchneuron/version.py", "torchneuron/data/tiny_corpus.txt"} <= names

@@ -13,7 +13,7 @@
 #include "fallback.h"
 #include "deferred.h"
 #include "quantized.h"
-#include "../runtime/kernel_scope.h"
+#include "../runtime/neuron_runtime.h"
 
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>

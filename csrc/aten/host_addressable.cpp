@@ -5,6 +5,7 @@
 #include "allocator.h"
 #include "held_work.h"
 #include "launch.h"
+#include "quantized.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
@@ -12,6 +13,8 @@
 #include <c10/core/impl/COW.h>
 #include <ATen/core/TensorBase.h>
 #include <ATen/Utils.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 
 #include <array>
 #include <mutex>
@@ -159,6 +162,24 @@ at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tens
   if (like.is_conj()) out._set_conj(true);
   if (like.is_neg()) out._set_neg(true);
   return out;
+}
+
+at::Tensor quantizedTensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like,
+                               at::QuantizerPtr quantizer) {
+  auto out = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(key), like.dtype(),
+                                                      std::move(quantizer));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return out;
+}
+
+at::Tensor quantizedHostView(const at::Tensor& neuron, c10::Storage host_storage) {
+  return quantizedTensorOver(std::move(host_storage), c10::DispatchKey::QuantizedCPU, neuron,
+                             quantizerOn(at::get_qtensorimpl(neuron)->quantizer(), c10::Device(c10::kCPU)));
+}
+
+at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& like, c10::DeviceIndex device) {
+  return quantizedTensorOver(std::move(storage), c10::DispatchKey::QuantizedPrivateUse1, like,
+                             quantizerOn(at::get_qtensorimpl(like)->quantizer(), c10::Device(kNeuron, device)));
 }
 
 // CPU aliases are made for every argument of every op, so each thread keeps

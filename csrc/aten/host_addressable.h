@@ -1,7 +1,17 @@
 // The emulator's one assumption above the runtime: device memory is host-addressable
-// (host_addressable.cpp). A driver for silicon replaces this unit, and nothing else above the runtime.
+// (host_addressable.cpp). Every host view of device memory is made here; nothing else above the
+// runtime builds a CPU tensor or storage over device memory.
 //
-// It is made in three places, all here:
+// A port to silicon replaces three things: the runtime (csrc/runtime/, behind neuron_runtime.h),
+// this unit, and the kernel library under csrc/aten, whose kernels are PyTorch's CPU kernels run on
+// host views (fallback.cpp, fast_ops.cpp, kernels.cpp, the sparse, nested and quantized paths, which
+// assemble their CPU tensors from the host views made here) and which a port replaces with the
+// device's own kernels. Nothing above aten changes (docs/runtime.md, "What a port replaces").
+// Further host code that reads device memory inside a launch, and so goes with the kernel library:
+// the C++ kernels torch.compile generates (torchneuron/compile/inductor.py), NKI's host harness, and
+// vLLM's catch-all CPU ops (torchneuron/vllm/kernels.py), all run through _C._launch.
+//
+// The assumption is made in three places, all here:
 // - host views: a CPU tensor over a neuron tensor's device memory, what a CPU kernel runs on inside
 //   a launch (and, held, what gloo's threads read and write during a collective);
 // - the CPU allocator's redirection: while a CPU kernel runs for a device (DeviceOutputScope), the
@@ -9,8 +19,6 @@
 //   memory when it returns;
 // - device results: a neuron tensor made from what a CPU kernel returned, its buffer taken over when
 //   it is device memory already or the kernel's alone to give, else copied.
-// (The C++ kernels torch.compile generates for the device address its memory too, each inside a
-// launch given its arguments' storages: torchneuron/compile/inductor.py, _C._launch.)
 #pragma once
 
 #include "device.h"
@@ -45,6 +53,17 @@ at::Tensor hostViewHolding(const at::Tensor& neuron, bool open);
 // A tensor of dispatch key `key` (CPU: a host view; PrivateUse1: a neuron tensor; Meta: a stand-in)
 // over `storage`, with the sizes, strides, offset, dtype and conjugate and negative bits of `like`.
 at::Tensor tensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like);
+// The same for a quantized tensor (PyTorch's QTensorImpl; QuantizedCPU: a quantized host view,
+// QuantizedPrivateUse1: a quantized neuron tensor) with `quantizer`.
+at::Tensor quantizedTensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like,
+                               at::QuantizerPtr quantizer);
+// A quantized CPU tensor over a quantized neuron tensor's memory, over `host_storage` (a host
+// view's storage: hostStorageOf, or a host view's of the same storage), with the same quantizer,
+// its per-channel parameters copied to the host (quantized.cpp). Made before the launch; valid inside it.
+at::Tensor quantizedHostView(const at::Tensor& neuron, c10::Storage host_storage);
+// A quantized neuron tensor over `storage` with the sizes, strides, offset and quantizer of the
+// quantized CPU tensor `like` (its per-channel parameters copied to `device`).
+at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& like, c10::DeviceIndex device);
 // A CPU storage over a neuron tensor's device memory that does not own it, for host views that
 // work queued on a stream keeps (hostViewSharing over it): the device memory is referred to by
 // address, as a real kernel's arguments are.

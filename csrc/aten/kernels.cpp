@@ -4,7 +4,7 @@
 #include "allocator.h"
 #include "host_addressable.h"
 #include "transfers.h"
-#include "../runtime/kernel_scope.h"
+#include "../runtime/neuron_runtime.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -125,7 +125,7 @@ at::Tensor& setEmpty(at::Tensor& self) {
 // with non_blocking=True too (the host synchronizes before it reads or reuses that memory, as
 // with CUDA). Copies from or to pageable memory, and copies between two devices, are the host's.
 bool queueCopy(const at::Tensor& self, const at::Tensor& dst, bool from_device, bool to_device, bool non_blocking) {
-  if (!rt::asyncMode() || rt::insideKernel()) return false;  // see kernel_scope.h
+  if (!rt::asyncMode() || rt::insideKernel()) return false;  // see tnrtInsideKernel (neuron_runtime.h)
   if (from_device && to_device) {  // overlapping copies within one storage: the CPU's checks, at the op
     return self.device() == dst.device() &&
            (!self.storage().is_alias_of(dst.storage()) ||

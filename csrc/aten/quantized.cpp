@@ -19,9 +19,7 @@
 #include <torch/library.h>
 
 namespace torchneuron {
-namespace {
 
-// The quantizer `q` with its parameter tensors on `device` (a quantizer without tensors as it is).
 at::QuantizerPtr quantizerOn(const at::QuantizerPtr& q, c10::Device device) {
   switch (q->qscheme()) {
     case c10::kPerChannelAffine: {
@@ -41,12 +39,7 @@ at::QuantizerPtr quantizerOn(const at::QuantizerPtr& q, c10::Device device) {
   }
 }
 
-at::Tensor qtensorOver(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like, at::QuantizerPtr q) {
-  auto out = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(key), like.dtype(),
-                                                      std::move(q));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  return out;
-}
+namespace {
 
 // The device a factory's result goes to, guarded (PyTorch allocates on the current device).
 c10::Device factoryDevice(std::optional<c10::Device> device) {
@@ -130,16 +123,6 @@ at::Tensor toCopy(const at::Tensor& self, std::optional<c10::ScalarType> dtype, 
 }
 
 }  // namespace
-
-at::Tensor quantizedHostView(const at::Tensor& neuron, c10::Storage host_storage) {
-  return qtensorOver(std::move(host_storage), c10::DispatchKey::QuantizedCPU, neuron,
-                     quantizerOn(at::get_qtensorimpl(neuron)->quantizer(), c10::Device(c10::kCPU)));
-}
-
-at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& like, c10::DeviceIndex device) {
-  return qtensorOver(std::move(storage), c10::DispatchKey::QuantizedPrivateUse1, like,
-                     quantizerOn(at::get_qtensorimpl(like)->quantizer(), c10::Device(kNeuron, device)));
-}
 
 }  // namespace torchneuron
 

@@ -3,17 +3,14 @@
 // scales and zero points) neuron tensors, as CUDA's are CUDA tensors.
 #pragma once
 
+#include "host_addressable.h"  // quantized host views (quantizedHostView) and device tensors
+
 #include <ATen/core/Tensor.h>
-#include <c10/core/Storage.h>
+#include <c10/core/Device.h>
 
 namespace torchneuron {
 
-// A quantized CPU tensor over a quantized neuron tensor's memory, over `host_storage` (a host
-// view's storage), with the same quantizer, its per-channel parameters copied to the host. Made
-// before the launch; valid inside it.
-at::Tensor quantizedHostView(const at::Tensor& neuron, c10::Storage host_storage);
-// A quantized neuron tensor over `storage` with the sizes, strides, offset and quantizer of the
-// quantized CPU tensor `like` (its per-channel parameters copied to `device`).
-at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& like, c10::DeviceIndex device);
+// The quantizer `q` with its parameter tensors on `device` (a quantizer without tensors as it is).
+at::QuantizerPtr quantizerOn(const at::QuantizerPtr& q, c10::Device device);
 
 }  // namespace torchneuron

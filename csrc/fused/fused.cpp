@@ -21,7 +21,7 @@
 #include "compiler.h"
 #include "fused_mode.h"
 #include "../aten/host_addressable.h"
-#include "../runtime/kernel_scope.h"
+#include "../runtime/neuron_runtime.h"
 
 #include <ATen/Context.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -486,7 +486,7 @@ void runGroup(State& st, Group& g, const char* reason) {
 }
 
 bool recordsNext() {
-  if (running_group || rt::insideKernel()) return false;  // see kernel_scope.h
+  if (running_group || rt::insideKernel()) return false;  // see tnrtInsideKernel (neuron_runtime.h)
   if (skip_boundaries.load(std::memory_order_relaxed) > 0 && !pending.load(std::memory_order_acquire)) {
     bypassed.fetch_add(1, std::memory_order_relaxed);
     return false;

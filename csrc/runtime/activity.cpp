@@ -2,8 +2,7 @@
 //
 // Work runs on the launching thread, so the device's clock is the host's
 // (nanoseconds since the Unix epoch, the clock profilers put host events on).
-#include "neuron_runtime.h"
-#include "kernel_scope.h"
+#include "runtime.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,7 +11,7 @@
 #include <mutex>
 #include <utility>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 std::atomic<bool> activity_recording{false};
 
@@ -83,4 +82,4 @@ void activityEnd(ActivityRecord record) {
   records.push_back(std::move(record));
 }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

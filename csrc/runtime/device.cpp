@@ -1,11 +1,12 @@
 // Emulated NeuronCore: device discovery and properties.
-#include "neuron_runtime.h"
+#include "runtime.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 const char* statusString(Status s) {
   switch (s) {
@@ -15,9 +16,25 @@ const char* statusString(Status s) {
     case Status::InvalidValue: return "invalid argument";
     case Status::NotReady: return "device not ready";
     case Status::KernelFailed: return "work run asynchronously failed";
+    case Status::LaunchFailed: return "the launched work failed";
+    case Status::Internal: return "internal runtime error";
   }
   return "unknown status";
 }
+
+namespace {
+thread_local std::string last_error;
+}  // namespace
+
+void setLastError(const char* message) {
+  try {
+    last_error = message != nullptr ? message : "";
+  } catch (...) {
+    last_error.clear();
+  }
+}
+
+const char* lastError() { return last_error.c_str(); }
 
 int deviceCount() {
   static const int count = [] {
@@ -47,4 +64,4 @@ Status getDeviceProperties(int device, DeviceProperties* props) {
   return Status::Success;
 }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

@@ -6,7 +6,7 @@
 // it, so the host gets its pages back. memset() to zero gives the whole pages inside such a block
 // (or inside strict mode's arena, protection.cpp) back to the host, which then reads zeros again,
 // and writes only the ragged ends. Smaller blocks come from the host's heap.
-#include "neuron_runtime.h"
+#include "runtime.h"
 #include "protection.h"
 #include "checks.h"
 
@@ -25,7 +25,7 @@
 #include <map>
 #include <vector>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 size_t deviceCapacity();  // below
 
@@ -267,4 +267,4 @@ bool isHostPinned(const void* ptr) {
   return addr < it->first + std::max<size_t>(it->second, 1);
 }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

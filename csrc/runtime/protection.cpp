@@ -6,7 +6,7 @@
 // and closes them when it ends; each page counts the windows that open it, so windows of work that
 // runs at the same time (streams' workers, a collective gloo holds, a blocking launch) open their
 // union. A fault inside the mapping outside every window is reported and ends the process.
-#include "neuron_runtime.h"
+#include "runtime.h"
 #include "protection.h"
 
 #include <signal.h>
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 namespace {
 
@@ -336,4 +336,4 @@ std::vector<MemoryRange> deviceAccessRanges() {
   return t_windows.back()->ranges;
 }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 size_t deviceCapacity();  // bytes per device (memory.cpp)
 
@@ -12,4 +12,4 @@ size_t deviceCapacity();  // bytes per device (memory.cpp)
 void* protectedAllocate(int device, size_t nbytes);
 void protectedFree(int device, void* ptr, size_t nbytes);
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

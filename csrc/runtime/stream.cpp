@@ -10,9 +10,8 @@
 // stream counts the work submitted to it and the work completed; an event
 // recorded on a stream is a marker in that queue, done when the stream's
 // completed count reaches it. Streams live as long as the process.
-#include "neuron_runtime.h"
+#include "runtime.h"
 #include "checks.h"
-#include "kernel_scope.h"
 
 #include <pthread.h>
 
@@ -30,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 namespace {
 
@@ -48,6 +47,7 @@ struct Mark {
 struct Work {
   KernelFn fn = nullptr;
   void* arg = nullptr;
+  void* context = nullptr;
   KernelDrop drop = nullptr;
   std::string name;
   std::vector<MemoryRange> ranges;  // the device memory it reaches (strict mode opens only these)
@@ -94,6 +94,17 @@ void noteError(int device, const std::string& message) {
   if (r.errors[device].empty()) r.errors[device] = message;
 }
 
+// What an exception that work let out says (it should have returned a message instead).
+std::string unexpectedException() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return std::string("an exception left the work: ") + e.what();
+  } catch (...) {
+    return "an exception left the work";
+  }
+}
+
 bool hasError(int device) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -104,11 +115,9 @@ void runWork(Work& w, int device) {
   if (w.recorded) w.record.start_ns = activityClockNs();
   ActivityRecord* outer = activitySwapRunning(w.recorded ? &w.record : nullptr);
   try {
-    w.fn(w.arg);
-  } catch (const std::exception& e) {
-    noteError(device, std::string(w.name) + ": " + e.what());
-  } catch (...) {
-    noteError(device, std::string(w.name) + ": unknown exception");
+    if (const char* error = w.fn(w.arg, w.context)) noteError(device, std::string(w.name) + ": " + error);
+  } catch (...) {  // work must not raise (neuron_runtime.h); the stream goes on all the same
+    noteError(device, std::string(w.name) + ": " + unexpectedException());
   }
   activitySwapRunning(outer);
   if (w.recorded) activityEnd(std::move(w.record));
@@ -226,24 +235,14 @@ uint64_t submittedSoFar(StreamState* s) {
 Status deviceStatus(int device) { return hasError(device) ? Status::KernelFailed : Status::Success; }
 
 }  // namespace
+}  // namespace torchneuron::emu
 
-bool asyncMode() {
-  static const bool on = [] {
-    const char* env = std::getenv("TORCHNEURON_ASYNC");
-    if (env != nullptr && *env != '\0') return std::strcmp(env, "0") != 0;
-    return strictMode();
-  }();
-  return on;
-}
+// An event (tnrtEvent).
+struct tnrtEventImpl {
+  using StreamState = torchneuron::emu::StreamState;
+  using Mark = torchneuron::emu::Mark;
+  using Clock = torchneuron::emu::Clock;
 
-std::string asyncError(int device) {
-  if (!validDevice(device)) return {};
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  return std::exchange(r.errors[device], std::string());
-}
-
-struct EventImpl {
   bool enable_timing = false;
   bool recorded = false;
   int device = -1;
@@ -263,6 +262,31 @@ struct EventImpl {
     return mark->time;
   }
 };
+
+namespace torchneuron::emu {
+
+bool asyncMode() {
+  static const bool on = [] {
+    const char* env = std::getenv("TORCHNEURON_ASYNC");
+    if (env != nullptr && *env != '\0') return std::strcmp(env, "0") != 0;
+    return strictMode();
+  }();
+  return on;
+}
+
+size_t asyncErrorInto(int device, char* buffer, size_t capacity) {
+  if (!validDevice(device)) return 0;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::string& error = r.errors[device];
+  const size_t length = error.size();
+  if (length == 0 || buffer == nullptr || capacity <= length) return length;
+  std::memcpy(buffer, error.data(), length);
+  buffer[length] = '\0';
+  error.clear();
+  return length;
+}
+
 
 Status streamSynchronize(int device, Stream stream) {
   if (!validDevice(device)) return Status::InvalidDevice;
@@ -306,9 +330,10 @@ Status streamWaitEvent(int device, Stream stream, Event event) {
     uint64_t ticket;
   };
   Work w;
-  w.fn = [](void* p) {
+  w.fn = [](void* p, void*) -> const char* {
     auto* wait = static_cast<Wait*>(p);
     wait->on->waitFor(wait->ticket);
+    return nullptr;
   };
   w.arg = new Wait{event->stream, event->ticket};
   w.drop = [](void* p) { delete static_cast<Wait*>(p); };
@@ -319,7 +344,7 @@ Status streamWaitEvent(int device, Stream stream, Event event) {
 
 Status eventCreate(Event* event, bool enable_timing) {
   if (event == nullptr) return Status::InvalidValue;
-  *event = new EventImpl();
+  *event = new tnrtEventImpl();
   (*event)->enable_timing = enable_timing;
   return Status::Success;
 }
@@ -340,11 +365,12 @@ Status eventRecord(Event event, int device, Stream stream) {
   }
   auto mark = std::make_shared<Mark>();
   Work w;
-  w.fn = [](void* p) {
+  w.fn = [](void* p, void*) -> const char* {
     auto* m = static_cast<std::shared_ptr<Mark>*>(p);
     std::lock_guard<std::mutex> lock((*m)->mutex);
     (*m)->time = Clock::now();
     (*m)->timed = true;
+    return nullptr;
   };
   w.arg = new std::shared_ptr<Mark>(mark);
   w.drop = [](void* p) { delete static_cast<std::shared_ptr<Mark>*>(p); };
@@ -392,7 +418,7 @@ struct KernelDepth {
 
 bool insideKernel() { return t_kernel_depth > 0; }
 
-Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const LaunchInfo& info) {
+Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, void* context, const LaunchInfo& info) {
   if (!validDevice(device)) return Status::InvalidDevice;
   if (fn == nullptr) return Status::InvalidValue;
   if (asyncMode()) {
@@ -401,33 +427,42 @@ Status launchKernel(int device, Stream stream, KernelFn fn, void* arg, const Lau
   }
   DeviceAccess access(info.ranges, info.range_count);  // strict mode: its memory, while it runs
   KernelDepth depth;
+  const char* error = nullptr;
   if (!activityRecording()) {
-    fn(arg);
-    return Status::Success;
-  }
-  // The stream is idle, so the work starts at once and ends when fn returns (or raises).
-  ActivityRecord record = activityBegin(device, stream, info);
-  record.nested = t_kernel_depth > 1;
-  record.start_ns = activityClockNs();
-  ActivityRecord* outer = activitySwapRunning(&record);
-  try {
-    fn(arg);
-  } catch (...) {
+    try {
+      error = fn(arg, context);
+    } catch (...) {  // work must not raise (neuron_runtime.h)
+      setLastError(unexpectedException().c_str());
+      return Status::LaunchFailed;
+    }
+  } else {
+    // The stream is idle, so the work starts at once and ends when fn returns.
+    ActivityRecord record = activityBegin(device, stream, info);
+    record.nested = t_kernel_depth > 1;
+    record.start_ns = activityClockNs();
+    ActivityRecord* outer = activitySwapRunning(&record);
+    try {
+      error = fn(arg, context);
+    } catch (...) {
+      static thread_local std::string what;
+      what = unexpectedException();
+      error = what.c_str();
+    }
     activitySwapRunning(outer);
     activityEnd(std::move(record));
-    throw;
   }
-  activitySwapRunning(outer);
-  activityEnd(std::move(record));
-  return Status::Success;
+  if (error == nullptr) return Status::Success;
+  setLastError(error);
+  return Status::LaunchFailed;
 }
 
-Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDrop drop, const LaunchInfo& info) {
+Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, void* context, KernelDrop drop,
+                     const LaunchInfo& info) {
   if (!validDevice(device) || fn == nullptr) {
     if (drop != nullptr) drop(arg);
     return validDevice(device) ? Status::InvalidValue : Status::InvalidDevice;
   }
-  if (!asyncMode() || insideKernel()) {  // see kernel_scope.h
+  if (!asyncMode() || insideKernel()) {  // see tnrtInsideKernel
     struct Dropping {
       KernelDrop drop;
       void* arg;
@@ -435,11 +470,12 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
         if (drop != nullptr) drop(arg);
       }
     } dropping{drop, arg};
-    return launchKernel(device, stream, fn, arg, info);
+    return launchKernel(device, stream, fn, arg, context, info);
   }
   Work w;
   w.fn = fn;
   w.arg = arg;
+  w.context = context;
   w.drop = drop;
   w.name = info.name != nullptr ? info.name : "kernel";
   if (strictMode()) w.ranges.assign(info.ranges, info.ranges + info.range_count);
@@ -451,4 +487,4 @@ Status enqueueKernel(int device, Stream stream, KernelFn fn, void* arg, KernelDr
   return Status::Success;
 }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

@@ -1,8 +1,8 @@
 // Emulated NeuronCore: the version of the interface this runtime implements.
-#include "neuron_runtime.h"
+#include "runtime.h"
 
-namespace torchneuron::rt {
+namespace torchneuron::emu {
 
 int apiVersion() { return kApiVersionMajor * 1000 + kApiVersionMinor; }
 
-}  // namespace torchneuron::rt
+}  // namespace torchneuron::emu

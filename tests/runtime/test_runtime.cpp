@@ -1,9 +1,9 @@
-// The runtime's contract (csrc/runtime/neuron_runtime.h), tested on the runtime alone: built
-// without PyTorch, as a driver for silicon would be. tests/test_runtime_library.py builds and runs
-// it in each mode (default, TORCHNEURON_ASYNC=1, TORCHNEURON_STRICT=1); each check prints what
-// failed and the process exits non-zero.
-#include "../../csrc/runtime/neuron_runtime.h"
-#include "../../csrc/runtime/kernel_scope.h"
+// The runtime's contract (csrc/runtime/neuron_runtime.h), tested on the runtime library alone: built
+// without PyTorch, as a driver for silicon would be, and called through the C++ conveniences of
+// neuron_runtime.inl, as _C calls it. tests/test_runtime_library.py builds and runs it in each mode
+// (default, TORCHNEURON_ASYNC=1, TORCHNEURON_STRICT=1, both); each check prints what failed and the
+// process exits non-zero.
+#include "neuron_runtime.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -154,6 +154,18 @@ void testLaunchAndStreamOrder() {
     raised = std::string(e.what()) == "boom";
   }
   CHECK(raised);
+  // The work's exception is caught on the caller's side of the C boundary and raised again as it was.
+  struct Custom {
+    int code;
+  };
+  int code = 0;
+  try {
+    rt::launchKernel(0, 0, [](void*) { throw Custom{7}; }, nullptr);
+  } catch (const Custom& e) {
+    code = e.code;
+  }
+  CHECK(code == 7);
+  CHECK(!rt::insideKernel());
   CHECK(rt::launchKernel(0, 0, nullptr, nullptr) == rt::Status::InvalidValue);
   CHECK(rt::launchKernel(3, 0, body, &flags) == rt::Status::InvalidDevice);
 

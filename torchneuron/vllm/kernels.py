@@ -9,8 +9,11 @@ explicit ``PrivateUse1`` kernel that runs vLLM's kernel as device work on the
 tensors' device (``torchneuron._C._launch``), where the emulated NeuronCore's
 memory may be read and written by the host.
 
-A driver for real silicon replaces this file: its kernels would run these ops
-on the device, not hand the device's memory to host code.
+This file belongs with the kernel library under ``csrc/aten`` (CPU kernels run on
+device memory), which a port to real silicon replaces together with the runtime
+and ``csrc/aten/host_addressable`` (docs/runtime.md, "What a port replaces"): its
+kernels would run these ops on the device, not hand the device's memory to host
+code.
 """
 
 from __future__ import annotations
