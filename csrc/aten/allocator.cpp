@@ -126,9 +126,57 @@ int64_t nowUs() {
 
 // ---- a device's state, its segments and statistics, and its history of actions -----------------
 
+// Free blocks by size, each size's in the order they were freed. A size's list keeps its capacity,
+// so freeing and reusing a block allocates nothing.
+class BlockCache {
+ public:
+  void push(Block* b) {
+    listOf(b->size).push_back(b);
+    ++count_;
+  }
+  // The block of `size` freed last (asynchronous mode: the last of `stream`'s), taken out; or none.
+  Block* pop(size_t size, bool async, rt::Stream stream) {
+    auto& blocks = listOf(size);
+    for (size_t i = blocks.size(); i-- > 0;) {
+      if (async && blocks[i]->stream != stream) continue;
+      Block* b = blocks[i];
+      blocks.erase(blocks.begin() + static_cast<std::ptrdiff_t>(i));
+      --count_;
+      return b;
+    }
+    return nullptr;
+  }
+  bool empty() const { return count_ == 0; }
+  template <class Fn>
+  void forEach(Fn fn) const {
+    for (const auto& [size, blocks] : by_size_)
+      for (Block* b : blocks) fn(b);
+  }
+  void clear() {
+    by_size_.clear();
+    count_ = 0;
+    last_ = nullptr;
+  }
+
+ private:
+  // A size's list; the last one asked for is at hand (a map's elements stay where they are).
+  std::vector<Block*>& listOf(size_t size) {
+    if (last_ == nullptr || last_size_ != size) {
+      last_ = &by_size_[size];
+      last_size_ = size;
+    }
+    return *last_;
+  }
+
+  std::unordered_map<size_t, std::vector<Block*>> by_size_;
+  size_t count_ = 0;
+  std::vector<Block*>* last_ = nullptr;
+  size_t last_size_ = 0;
+};
+
 struct DeviceState {
   std::mutex mutex;
-  std::multimap<size_t, Block*> cache;  // free blocks by size, in the order they were freed
+  BlockCache cache;  // free blocks
   size_t cached_bytes = 0;
   DeviceStats stats;
   Block* segments = nullptr;        // every segment, allocated or cached
@@ -145,11 +193,16 @@ void forEachStat(DeviceStats& stats, Fn fn) {
     for (auto& s : *array) fn(s);
 }
 
-void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amount, int sign) {
-  const auto pool = size <= kSmallLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL;
-  for (auto type : {StatType::AGGREGATE, pool}) {
-    auto& s = a[static_cast<size_t>(type)];
-    sign > 0 ? s.increase(amount) : s.decrease(amount);
+// Adds `amount` (sign > 0) to, or takes it from, the aggregate statistic and that of the block's pool.
+inline void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amount, int sign) {
+  auto& all = a[static_cast<size_t>(StatType::AGGREGATE)];
+  auto& pool = a[static_cast<size_t>(size <= kSmallLimit ? StatType::SMALL_POOL : StatType::LARGE_POOL)];
+  if (sign > 0) {
+    all.increase(amount);
+    pool.increase(amount);
+  } else {
+    all.decrease(amount);
+    pool.decrease(amount);
   }
 }
 
@@ -189,7 +242,7 @@ void processPendingLocked(DeviceState& d) {
     }
     for (rt::Event e : b->pending) rt::eventDestroy(e);
     b->pending.clear();
-    d.cache.emplace(b->size, b);
+    d.cache.push(b);
     d.cached_bytes += b->size;
     d.pending[i] = d.pending.back();
     d.pending.pop_back();
@@ -270,11 +323,11 @@ void removeSegmentLocked(DeviceState& d, Block* block, const std::shared_ptr<c10
 // that no queued work refers to a cached block; the freed blocks waiting for streams join them.
 void freeCachedLocked(DeviceState& d, const std::shared_ptr<c10::GatheredContext>& context = nullptr) {
   if (rt::asyncMode()) processPendingLocked(d);
-  for (auto& [size, block] : d.cache) {
+  d.cache.forEach([&](Block* block) {
     rt::free(block->ptr);
     removeSegmentLocked(d, block, context);
     delete block;
-  }
+  });
   d.cache.clear();
   d.cached_bytes = 0;
 }
@@ -405,20 +458,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       const bool async = rt::asyncMode();
       const rt::Stream stream = async ? streamId(device) : 0;
       if (async) processPendingLocked(d);
-      // The block freed last (its memory is likeliest still in the host's caches): equal keys of
-      // a multimap keep their insertion order. Asynchronous mode: a block of this stream.
-      auto [first, last] = d.cache.equal_range(size);
-      auto found = d.cache.end();
-      for (auto it = last; it != first;) {
-        --it;
-        if (!async || it->second->stream == stream) {
-          found = it;
-          break;
-        }
-      }
-      if (found != d.cache.end()) {
-        block = found->second;
-        d.cache.erase(found);
+      // The block freed last (its memory is likeliest still in the host's caches). Asynchronous
+      // mode: a block of this stream.
+      block = d.cache.pop(size, async, stream);
+      if (block != nullptr) {
         d.cached_bytes -= size;
       } else {
         void* ptr = nullptr;
@@ -503,7 +546,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       d.pending.push_back(block);
       return;
     }
-    d.cache.emplace(block->size, block);
+    d.cache.push(block);
     d.cached_bytes += block->size;
   }
 

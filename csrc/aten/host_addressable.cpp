@@ -17,6 +17,8 @@
 #include <ATen/quantized/Quantizer.h>
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -37,23 +39,71 @@ thread_local c10::DeviceIndex t_output_device = -1;
 
 // Device blocks handed to CPU kernels, by address. Never destroyed: a storage freed during the
 // process's exit still finds its block, and no block is given back to the allocator then.
+//
+// A kernel has few such blocks at a time (its result, some temporaries), each taken back soon after
+// by takeDeviceBlock or deleteHostBuffer, so they go in a small table that needs no lock: an entry's
+// address is claimed and released with compare-and-swap (kClaimed in between). A block finds a free
+// entry among the kProbes after its home, else it goes to the map under g_blocks_mutex.
+struct HandedBlock {
+  std::atomic<void*> ptr{nullptr};  // nullptr: free
+  void* context = nullptr;          // the block's DataPtr, taken apart
+  c10::DeleterFnPtr deleter = nullptr;
+  c10::DeviceIndex device = -1;
+};
+constexpr size_t kHandedSize = 64;
+constexpr size_t kProbes = 8;
+void* const kClaimed = reinterpret_cast<void*>(uintptr_t{1});
+HandedBlock g_handed[kHandedSize];
 std::mutex& g_blocks_mutex = *new std::mutex();
 std::unordered_map<void*, c10::DataPtr>& g_blocks = *new std::unordered_map<void*, c10::DataPtr>();
 c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 
+size_t homeOf(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) >> 9) % kHandedSize; }
+
+void handOut(void* ptr, c10::DataPtr block) {
+  for (size_t n = 0, i = homeOf(ptr); n < kProbes; ++n, i = (i + 1) % kHandedSize) {
+    HandedBlock& e = g_handed[i];
+    void* expected = nullptr;
+    if (e.ptr.load(std::memory_order_relaxed) != nullptr ||
+        !e.ptr.compare_exchange_strong(expected, kClaimed, std::memory_order_acquire)) continue;
+    e.deleter = block.get_deleter();
+    e.device = block.device().index();
+    e.context = block.release_context();
+    e.ptr.store(ptr, std::memory_order_release);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_blocks_mutex);
+  g_blocks.emplace(ptr, std::move(block));
+}
+
+// Takes the block handed out at `ptr` back, if there is one (of `device`, unless it is -1).
+std::optional<c10::DataPtr> takeHandedBack(void* ptr, c10::DeviceIndex device) {
+  if (ptr == nullptr || ptr == kClaimed) return std::nullopt;  // never a block (a free entry's address)
+  for (size_t n = 0, i = homeOf(ptr); n < kProbes; ++n, i = (i + 1) % kHandedSize) {
+    HandedBlock& e = g_handed[i];
+    void* expected = ptr;
+    if (e.ptr.load(std::memory_order_relaxed) != ptr ||
+        !e.ptr.compare_exchange_strong(expected, kClaimed, std::memory_order_acquire)) continue;
+    if (device >= 0 && e.device != device) {
+      e.ptr.store(ptr, std::memory_order_release);
+      return std::nullopt;
+    }
+    c10::DataPtr block(ptr, e.context, e.deleter, c10::Device(kNeuron, e.device));
+    e.ptr.store(nullptr, std::memory_order_release);
+    return block;
+  }
+  std::lock_guard<std::mutex> lock(g_blocks_mutex);
+  auto it = g_blocks.find(ptr);
+  if (it == g_blocks.end() || (device >= 0 && it->second.device().index() != device)) return std::nullopt;
+  c10::DataPtr block = std::move(it->second);
+  g_blocks.erase(it);
+  return block;
+}
+
 // The deleter of CPU allocations: a device block goes back to the caching allocator, anything
 // else (a raw_deallocate of the wrapped allocator's memory) to the wrapped allocator.
 void deleteHostBuffer(void* ptr) {
-  c10::DataPtr block;
-  {
-    std::lock_guard<std::mutex> lock(g_blocks_mutex);
-    auto it = g_blocks.find(ptr);
-    if (it != g_blocks.end()) {
-      block = std::move(it->second);
-      g_blocks.erase(it);
-    }
-  }
-  if (block) return;  // released by `block` going out of scope, outside the lock
+  if (takeHandedBack(ptr, -1)) return;  // released by the block going out of scope, outside any lock
   TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "neuron: a CPU allocation of unknown origin was freed");
   g_base_raw_deleter(ptr);
 }
@@ -67,10 +117,7 @@ class CpuAllocator final : public c10::Allocator {
     if (device < 0) return base_->allocate(nbytes);
     c10::DataPtr block = allocateOn(device, nbytes);
     void* ptr = block.get();
-    {
-      std::lock_guard<std::mutex> lock(g_blocks_mutex);
-      g_blocks.emplace(ptr, std::move(block));
-    }
+    handOut(ptr, std::move(block));
     return {ptr, ptr, &deleteHostBuffer, c10::Device(c10::kCPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
@@ -98,17 +145,11 @@ struct Registration {
 std::optional<c10::DataPtr> takeDeviceBlock(c10::StorageImpl* storage, c10::DeviceIndex device) {
   const c10::DataPtr& view = storage->data_ptr();
   if (view.get_deleter() != &deleteHostBuffer || view.get_context() != view.get()) return std::nullopt;
-  c10::DataPtr block;
-  {
-    std::lock_guard<std::mutex> lock(g_blocks_mutex);
-    auto it = g_blocks.find(view.get());
-    if (it == g_blocks.end() || it->second.device().index() != device) return std::nullopt;
-    block = std::move(it->second);
-    g_blocks.erase(it);
-  }
+  auto block = takeHandedBack(view.get(), device);
+  if (!block) return std::nullopt;
   // The storage lets go of the block without running its deleter: it belongs to the result now.
   storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();
-  return block;
+  return std::move(*block);
 }
 
 // ---- device results ------------------------------------------------------------------------------
@@ -148,7 +189,8 @@ namespace {
 // A host view of `neuron`'s memory is being made: strict mode opens that memory for the launch it
 // is made in, else for the launch it is gathered for.
 void reached(const at::Tensor& neuron) {
-  if (!rt::strictMode()) return;
+  static const bool strict = rt::strictMode();  // fixed at start-up
+  if (!strict) return;
   const auto& storage = neuron.storage();
   rt::deviceAccessAdd(storage.data(), storage.nbytes());
   if (KernelArguments* arguments = KernelArguments::current()) arguments->add(storage);
@@ -187,16 +229,24 @@ at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& lik
 constexpr size_t kPoolSize = 8;
 thread_local std::array<at::Tensor, kPoolSize> alias_pool;
 
+// Points a pooled alias at `neuron`, writing only what differs from what it showed last: an op's
+// arguments tend to come back with the same dtype, sizes and strides, and setting sizes and strides
+// recomputes the alias's contiguity flags.
 void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
   const auto& storage = neuron.storage();
   auto* s = alias.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)));
   s->set_nbytes(storage.nbytes());
   auto* impl = alias.unsafeGetTensorImpl();
-  impl->set_storage_and_dtype(alias.storage(), neuron.dtype());
-  impl->set_sizes_and_strides(neuron.sizes(), neuron.strides(), neuron.storage_offset());
-  impl->_set_conj(neuron.is_conj());
-  impl->_set_neg(neuron.is_neg());
+  const auto* from = neuron.unsafeGetTensorImpl();
+  if (impl->dtype() != from->dtype()) impl->set_storage_and_dtype(alias.storage(), from->dtype());
+  if (impl->sizes() != from->sizes() || impl->strides() != from->strides()) {
+    impl->set_sizes_and_strides(from->sizes(), from->strides(), from->storage_offset());
+  } else if (impl->storage_offset() != from->storage_offset()) {
+    impl->set_storage_offset(from->storage_offset());
+  }
+  if (impl->is_conj() != from->is_conj()) impl->_set_conj(from->is_conj());
+  if (impl->is_neg() != from->is_neg()) impl->_set_neg(from->is_neg());
 }
 
 at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
@@ -277,8 +327,14 @@ at::Tensor deviceResult(at::Tensor cpu, c10::DeviceIndex device) {
       "tensors are. Convert with .to_dense() first.");
   auto* storage = cpu.storage().unsafeGetStorageImpl();
   if (cpu.use_count() == 1 && cpu.storage().use_count() == 1 && !c10::isQIntType(cpu.scalar_type())) {
-    c10::Storage device_storage = deviceStorage(storage, device);
-    return deviceTensorReusing(std::move(cpu), std::move(device_storage));
+    // Nothing else refers to either: the storage and the TensorImpl become the device's in place.
+    storage->set_data_ptr_noswap(takeHostBuffer(storage, device));
+    storage->set_allocator(deviceAllocator());
+    storage->set_resizable(true);
+    auto* impl = cpu.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(cpu.storage());  // its device
+    impl->_change_backend_component_keys(c10::Device(kNeuron, device));
+    return cpu;
   }
   return deviceTensorOver(deviceStorage(storage, device), cpu);
 }
