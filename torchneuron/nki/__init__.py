@@ -493,3 +493,11 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, **options):
     if kernel is None:
         return lambda k: benchmark(k, warmup=warmup, iters=iters, **options)
     return _BenchmarkKernel(_as_kernel(kernel, "nki.benchmark"), "nki.benchmark", warmup, iters)
+
+
+# ---- AWS's import names (opt-in) and nki.compiler ------------------------------------------------------
+
+from . import compiler  # noqa: E402,F401  (nki.compiler: the compiler's directives, no-ops here)
+from ._alias import aliased, install_alias, uninstall_alias  # noqa: E402,F401
+
+__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased"]
