@@ -500,4 +500,8 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, **options):
 from . import compiler  # noqa: E402,F401  (nki.compiler: the compiler's directives, no-ops here)
 from ._alias import aliased, install_alias, uninstall_alias  # noqa: E402,F401
 
-__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased"]
+#: ``nki.trace``: AWS's name of a kernel traced for the host harness (``nki.simulate_kernel(nki.trace(k), ...)``);
+#: here the same as :func:`jit`.
+trace = jit
+
+__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased", "trace"]

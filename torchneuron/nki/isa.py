@@ -88,6 +88,7 @@ def _torch_op(op, what: str):
     if isinstance(op, _TILE):
         fail(TypeError, f"{what}: a tile {op!r} where an op (nl.add ...) goes; the output tile goes first "
                         f"({what}(dst, ...)) or as dst=")
+    op = nl.numpy_op(op) or op  # np.add and the like: the nl function of that name
     fn = getattr(op, "torch_fn", None)
     if fn is None:
         if callable(op) and getattr(op, "__module__", "").startswith("torch"):
@@ -253,7 +254,7 @@ def tensor_reduce(*args, **kwargs):
                                          ("keepdims", "other")], "tensor_reduce")
     op, data, axis, negate, keepdims = _take(rest, kwargs, ["op", "data", "axis", "negate", "keepdims"])
     _required("tensor_reduce", op=op, data=data, axis=axis)
-    fn = nl.REDUCE_OPS.get(op)
+    fn = nl.REDUCE_OPS.get(nl.numpy_op(op) or op)
     if fn is None:
         fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
                                   f"nl.minimum or nl.multiply)")
@@ -437,3 +438,11 @@ def affine_select(*args, **kwargs):
     dtype = kwargs.pop("dtype", None)
     return _deliver(dst, y, "affine_select", dtype or (on_true.dtype if dst is None else None),
                     mask=kwargs.pop("mask", None), valid=defined(on_true))
+
+
+# ---- the rest of nki.isa's public names (their own module; see _isa_more) ------------------------------
+
+from . import _isa_more  # noqa: E402
+from ._isa_more import *  # noqa: E402,F401,F403
+
+__all__ += _isa_more.__all__

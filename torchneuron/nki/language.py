@@ -45,6 +45,7 @@ class tile_size:
     gemm_moving_fmax = hw.GEMM_MOVING_FMAX
     psum_fmax = hw.PSUM_BANK_BYTES // 4
     psum_bank_fmax = hw.PSUM_BANK_BYTES // 4
+    bn_stats_fmax = 512  # AWS's nki.isa.bn_stats: at most 512 elements per partition
 
 
 # ---- the engines' costs (what each engine's work costs per generation: _hardware.instruction_seconds) --
@@ -170,8 +171,7 @@ def load(src, mask=None, dtype=None, **kwargs) -> Tile:
 def store(dst, value, mask=None, **kwargs) -> None:
     """An SBUF tile -> HBM (a DMA)."""
     tensor, index = hbm_parts(dst)
-    if isinstance(value, (Tile, TileView)) and value.buffer is psum:
-        fail(ValueError, "nl.store writes from SBUF; copy a PSUM tile to SBUF first (nl.copy or nisa.tensor_copy)")
+    # A PSUM tile is stored as an SBUF one is (a DMA from PSUM: AWS's simulator and the chip's DMA take both).
     data = read(value, "nl.store")
     where = None
     if mask is not None and isinstance(value, (Tile, TileView)):
@@ -187,7 +187,9 @@ def store(dst, value, mask=None, **kwargs) -> None:
         try:
             data = data.expand(target.shape) if data.dim() <= target.dim() else data.reshape(target.shape)
         except RuntimeError:
-            fail(ValueError, f"nl.store: a tile of shape {tuple(data.shape)} does not fit {tuple(target.shape)}")
+            if data.numel() != target.numel() or data.shape[0] != target.shape[0]:  # same partitions, same elements
+                fail(ValueError, f"nl.store: a tile of shape {tuple(data.shape)} does not fit {tuple(target.shape)}")
+            data = data.reshape(target.shape)
     if index is Ellipsis:
         tensor.copy_(data)
     else:
@@ -501,3 +503,12 @@ def transpose(x, dtype=None, mask=None, **kwargs) -> Tile:
     from . import isa
 
     return isa.nc_transpose(x)
+
+
+# ---- the rest of nki.language's public names (their own module; see _language_more) -------------------
+
+from . import _language_more  # noqa: E402
+from ._language_more import *  # noqa: E402,F401,F403
+from ._language_more import _num_programs as num_programs  # noqa: E402,F811  (num_programs(axes=None))
+
+__all__ += _language_more.__all__
