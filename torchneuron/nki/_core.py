@@ -318,8 +318,8 @@ class Tile:
         return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
 
     # Arithmetic on tiles is nl's (VectorE/ScalarE instructions).
-    def __add__(self, o): return _nl().add(self, o)
-    def __radd__(self, o): return _nl().add(o, self)
+    def __add__(self, o): return IndexExpr(read(self, "+") + o.tensor) if isinstance(o, IndexExpr) else _nl().add(self, o)
+    def __radd__(self, o): return IndexExpr(o.tensor + read(self, "+")) if isinstance(o, IndexExpr) else _nl().add(o, self)
     def __sub__(self, o): return _nl().subtract(self, o)
     def __rsub__(self, o): return _nl().subtract(o, self)
     def __mul__(self, o): return _nl().multiply(self, o)
@@ -386,6 +386,8 @@ def _index(index):
     for i in index:
         if isinstance(i, IndexExpr):
             i = i.tensor
+        elif isinstance(i, (Tile, TileView)):  # an indirect index: the values of a tile, read when it runs
+            i = _get(i.tile.data, i.index).to(torch.int64)
         out.append(i)
     return tuple(out)
 
@@ -508,7 +510,13 @@ def _get(t: torch.Tensor, index):
     return t[index]
 
 
+_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def _set(t: torch.Tensor, index, value) -> None:
+    if t.dtype in _SIGNED and index is not Ellipsis:  # PyTorch indexes no writes into unsigned 16/32/64-bit
+        value = torch.as_tensor(value, device=t.device).to(t.dtype).view(_SIGNED[t.dtype])
+        t = t.view(_SIGNED[t.dtype])
     if index is Ellipsis:
         t.copy_(value) if isinstance(value, torch.Tensor) else t.fill_(value)
     elif isinstance(index, tuple) and index and isinstance(index[0], str):
@@ -575,6 +583,8 @@ class IndexExpr:
         return IndexExpr(self.tensor[index])
 
     def _bin(self, other, fn):
+        if isinstance(other, (Tile, TileView)):  # a dynamic offset: the tile's values, read when it runs
+            other = IndexExpr(_get(other.tile.data, other.index).to(torch.int64))
         return IndexExpr(fn(self.tensor, other.tensor if isinstance(other, IndexExpr) else other))
 
     def __add__(self, o): return self._bin(o, torch.add)

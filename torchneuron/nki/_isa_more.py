@@ -755,3 +755,94 @@ def nonzero_with_count(*args, **kwargs):
         out[p, N] = nz.numel()
     _vector("nonzero_with_count", x.shape, 1, src.dtype, "GpSimd")
     return _deliver(dst, out, "nonzero_with_count", None if dst is not None else torch.int32)
+
+
+# ---- DMA: indirect indices out of bounds, read-modify-write, HBM to HBM ------------------------------------
+
+_dma_copy = isa.dma_copy
+__all__ += ["dma_copy"]
+
+
+def _hbm_index(x):
+    """(tensor, index tensors broadcast together, which are in bounds) of an HBM tensor or view."""
+    from ._core import _broadcast_index
+
+    tensor, index = hbm_parts(x)
+    idx, shape = _broadcast_index(tensor, index)
+    ok = torch.ones(shape, dtype=torch.bool, device=tensor.device)
+    for d, i in enumerate(idx):
+        ok &= (i >= 0) & (i < tensor.shape[d])
+    clamped = tuple(i.clamp(0, tensor.shape[d] - 1) for d, i in enumerate(idx))
+    if not bool(ok.all()):  # the first element out of bounds, as a flat index (AWS's simulator's message)
+        flat = sum(i * st for i, st in zip(idx, tensor.stride()))
+        _OOB.append(f"index {int(flat[~ok].reshape(-1)[0])} is out of bounds for axis 0 with size {tensor.numel()}")
+    return tensor, clamped, ok
+
+
+_OOB: list = []
+
+
+def _oob_error(what: str):
+    """IndexError with the message AWS's simulator gives (NumPy's, for the flattened tensor)."""
+    message = _OOB[-1] if _OOB else f"{what}: an index out of bounds"
+    _OOB.clear()
+    raise IndexError(message)
+
+
+@instruction
+def dma_copy(*args, **kwargs):
+    """A DMA between HBM and on-chip tiles (or HBM and HBM). An indirect index (a tile of indices) out of
+    bounds raises IndexError with ``oob_mode=nisa.oob_mode.error`` (the default) and is skipped with
+    ``oob_mode.skip``; ``dst_rmw_op`` (np.add) makes a store to HBM a read-modify-write."""
+    oob = kwargs.pop("oob_mode", oob_mode.error)
+    rmw = kwargs.pop("dst_rmw_op", None)
+    kwargs.pop("dge_mode", None)
+    kwargs.pop("engine", None)
+    if "dst" in kwargs or "src" in kwargs:
+        dst, src = kwargs.pop("dst", args[0] if args else None), kwargs.pop("src", args[1] if len(args) > 1 else None)
+    else:
+        dst, src = (list(args) + [None, None])[:2]
+    mask = kwargs.pop("mask", None)
+    hbm = (HbmTensor, HbmView)
+    if not isinstance(dst, hbm) and not isinstance(src, hbm):
+        return _dma_copy(dst=dst, src=src, **({"mask": mask} if mask is not None else {}))
+    _OOB.clear()
+    if isinstance(src, hbm):
+        tensor, idx, ok = _hbm_index(src)
+        if not bool(ok.all()) and int(oob) == int(oob_mode.error):
+            _oob_error("dma_copy (src)")
+        values = tensor[idx]
+        nl.charge_dma("dma_copy", values.numel() * values.element_size())
+        if isinstance(dst, hbm):  # HBM -> HBM
+            dt, didx, dok = _hbm_index(dst)
+            dt[tuple(i[dok] for i in didx)] = values.expand(dok.shape)[dok].to(dt.dtype)
+            return dst
+        target = tuple(_get(dst.tile.data, dst.index).shape)
+        if values.shape != target and values.numel() == math.prod(target):
+            values, ok = values.reshape(target), ok.reshape(target)
+        write(dst, values, "dma_copy", ok if not bool(ok.all()) else mask)
+        return dst
+    # on-chip -> HBM
+    _OOB.clear()
+    tensor, idx, ok = _hbm_index(dst)
+    if not bool(ok.all()) and int(oob) == int(oob_mode.error):
+        _oob_error("dma_copy (dst)")
+    data = read(src, "dma_copy")
+    data = torch.as_tensor(data, device=tensor.device).to(tensor.dtype)
+    if data.shape != ok.shape:
+        data = data.reshape(ok.shape) if data.numel() == ok.numel() else data.expand(ok.shape)
+    if mask is not None:
+        ok = ok & _mask_tensor(mask, ok.shape, ok.device)
+    sel = tuple(i[ok] for i in idx)
+    if rmw is not None:
+        fn = _torch_op(rmw, "dma_copy (dst_rmw_op)")
+        if fn is torch.add:
+            tensor.index_put_(sel, data[ok], accumulate=True)
+        else:
+            for k, v in enumerate(data[ok]):
+                pos = tuple(i[k] for i in sel)
+                tensor[pos] = fn(tensor[pos], v)
+    else:
+        tensor[sel] = data[ok]
+    nl.charge_dma("dma_copy", data.numel() * data.element_size())
+    return dst

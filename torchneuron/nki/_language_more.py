@@ -329,7 +329,7 @@ def atomic_rmw(dst, value, op, *, mask=None, **kwargs) -> None:
     """``dst = op(dst, value)`` in HBM, element by element in order, so that repeated (indirect) indices
     accumulate every value (a DMA read-modify-write)."""
     tensor, index = hbm_parts(dst)
-    fn = numpy_op(op) or getattr(op, "torch_fn", None)
+    fn = getattr(numpy_op(op) or op, "torch_fn", None)
     if fn is None:
         fail(NotImplementedError, f"nl.atomic_rmw: op {getattr(op, '__name__', op)!r} (AWS supports np.add)")
     from ._core import _broadcast_index

@@ -193,7 +193,9 @@ def store(dst, value, mask=None, **kwargs) -> None:
     if index is Ellipsis:
         tensor.copy_(data)
     else:
-        tensor[index] = data
+        from ._core import _set
+
+        _set(tensor, index, data)
     charge_dma("store", data.numel() * data.element_size())
 
 
