@@ -236,14 +236,14 @@ def _unwrap(x, name: str):
     return x
 
 
-_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation")
+_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation", "trace")
 
 
 def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, mode: str = "auto",
         **options) -> Any:
     """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
 
-    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors; a call
+    ``mode`` as AWS's: "auto" (also "torchxla", "jax", "trace" (a kernel traced for the harness): a framework's tensors, here neuron tensors; a call
     with numpy arrays runs as :func:`simulate` does),
     "simulation" and "baremetal" (called with numpy arrays, :func:`simulate`), "benchmark" (numpy arrays
     and a projected latency, :func:`benchmark`). Other options (compiler flags) do not change what runs."""

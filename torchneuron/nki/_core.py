@@ -423,6 +423,8 @@ def read(x, what: str) -> torch.Tensor:
                         f"nisa.dma_copy)")
     if isinstance(x, (torch.Tensor, int, float, bool, torch.SymInt, torch.SymFloat)):
         return x
+    if type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 0:  # a NumPy scalar (np.int32(3))
+        return x.item()
     fail(TypeError, f"{what}: expected a tile or a scalar, got {type(x).__name__}")
 
 
@@ -475,7 +477,13 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
     try:
         value = value.to(dst.tile.dtype).expand(target_shape) if value.shape != target_shape else value.to(dst.tile.dtype)
     except RuntimeError:
-        fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
+        if value.numel() == math.prod(target_shape) and value.dim() and target_shape and \
+                value.shape[0] == target_shape[0]:  # [P, 1] into a destination indexed down to [P]: same elements
+            value = value.to(dst.tile.dtype).reshape(target_shape)
+            if valid is not None and valid.numel() == value.numel():
+                valid = valid.reshape(target_shape)
+        else:
+            fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
                          f"{tuple(target_shape)}")
     t = dst.tile
     m = None
@@ -625,7 +633,12 @@ def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> Non
         return
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
     idx, shape = _broadcast_index(tensor, index)
-    m = torch.as_tensor(m, device=tensor.device).expand(shape)
+    if data.dim() == len(shape) and all(d >= n for d, n in zip(data.shape, shape)):
+        data = data[tuple(slice(0, n) for n in shape)]  # a slice past the tensor's end: its part outside is masked
+    m = torch.as_tensor(m, device=tensor.device)
+    if m.dim() == len(shape) and all(d >= n for d, n in zip(m.shape, shape)):
+        m = m[tuple(slice(0, n) for n in shape)]
+    m = m.expand(shape)
     data = data.expand(shape)
     tensor[tuple(i[m] for i in idx)] = data[m]
 

@@ -820,7 +820,16 @@ def dma_copy(*args, **kwargs):
         target = tuple(_get(dst.tile.data, dst.index).shape)
         if values.shape != target and values.numel() == math.prod(target):
             values, ok = values.reshape(target), ok.reshape(target)
-        write(dst, values, "dma_copy", ok if not bool(ok.all()) else mask)
+        elif values.shape != target and mask is not None and values.dim() == len(target) and \
+                all(v <= t for v, t in zip(values.shape, target)):
+            # a masked copy whose source slice runs past the tensor's end: the part outside is masked off
+            pad = [p for v, t in reversed(list(zip(values.shape, target))) for p in (0, t - v)]
+            values = torch.nn.functional.pad(values, pad)
+            ok = torch.nn.functional.pad(ok, pad) & _mask_tensor(mask, target, values.device)
+            mask = None
+        if mask is not None:
+            ok = ok & _mask_tensor(mask, target, values.device)
+        write(dst, values, "dma_copy", None if bool(ok.all()) else ok)
         return dst
     # on-chip -> HBM
     _OOB.clear()

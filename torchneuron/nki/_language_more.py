@@ -150,7 +150,15 @@ def dropout(x, rate, *, dtype=None, mask=None, **kwargs) -> Tile:
 
 
 def static_cast(input_data, dtype):
-    """A copy of a tile in ``dtype`` (a cast, as nl.copy with dtype)."""
+    """A copy of a tile in ``dtype`` (a cast, as nl.copy with dtype); on the host, a NumPy array cast to
+    ``dtype`` (bfloat16: an ``ml_dtypes.bfloat16`` array), as AWS's samples prepare their inputs."""
+    if type(input_data).__module__ == "numpy":
+        import numpy as np
+
+        from . import _numpy_of
+
+        t = torch.from_numpy(np.ascontiguousarray(input_data)).to(nl._dtype(dtype))
+        return _numpy_of(t, "nl.static_cast")
     return nl.copy(input_data, dtype=dtype)
 
 

@@ -71,7 +71,7 @@ def charge_dma(name: str, nbytes: int) -> None:
 
 # ---- memory ---------------------------------------------------------------------------------------
 
-def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
     dtype = _dtype(dtype)
     if isinstance(shape, int):
@@ -91,7 +91,7 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
 
 
 @instruction
-def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
+def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     t = ndarray(shape, dtype, buffer)
     if isinstance(t, HbmTensor):
         t.tensor.fill_(fill_value)
@@ -102,12 +102,12 @@ def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
 
 
 @instruction
-def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     return full(shape, 0, dtype, buffer)
 
 
 @instruction
-def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def ones(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     return full(shape, 1, dtype, buffer)
 
 
