@@ -563,6 +563,13 @@ class HbmView:
     def __init__(self, base: HbmTensor, index):
         self.base, self.index = base, index
 
+    def __getitem__(self, index) -> "HbmView":
+        """A view of this view (``q[b][h]``): basic indices keep it a view of the tensor's memory."""
+        return HbmTensor(self.base.tensor[self.index])[index]
+
+    def reshape(self, shape) -> "HbmTensor":
+        return HbmTensor(self.base.tensor[self.index].reshape(tuple(shape)))
+
     @property
     def shape(self) -> Tuple[int, ...]:
         return tuple(self.base.tensor[self.index].shape)
@@ -633,11 +640,12 @@ def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> Non
         return
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
     idx, shape = _broadcast_index(tensor, index)
-    if data.dim() == len(shape) and all(d >= n for d, n in zip(data.shape, shape)):
-        data = data[tuple(slice(0, n) for n in shape)]  # a slice past the tensor's end: its part outside is masked
+    # A slice past the tensor's end: the part of the value (and mask) outside is masked off.
+    if data.dim() == len(shape):
+        data = data[tuple(slice(0, n) if d > n else slice(None) for d, n in zip(data.shape, shape))]
     m = torch.as_tensor(m, device=tensor.device)
-    if m.dim() == len(shape) and all(d >= n for d, n in zip(m.shape, shape)):
-        m = m[tuple(slice(0, n) for n in shape)]
+    if m.dim() == len(shape):
+        m = m[tuple(slice(0, n) if d > n else slice(None) for d, n in zip(m.shape, shape))]
     m = m.expand(shape)
     data = data.expand(shape)
     tensor[tuple(i[m] for i in idx)] = data[m]
