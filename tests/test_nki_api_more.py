@@ -509,3 +509,31 @@ def test_alias_leaves_a_real_package_alone(tmp_path, monkeypatch):
         nki.uninstall_alias()
         for name in [n for n in sys.modules if n == "neuronxcc" or n.startswith("neuronxcc.")]:
             del sys.modules[name]
+
+
+# ---- the API table of docs/kernels.md -----------------------------------------------------------------
+
+def _table_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "nki_api_table.py"
+    spec = importlib.util.spec_from_file_location("nki_api_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_api_table_matches_the_code():
+    t = _table_script()
+    rows = t.status()
+    modules = {"nki": nki, "nki.language": nl, "nki.isa": nisa, "nki.compiler": nki.compiler}
+    for mod, name, _, ok, reason in rows:
+        if ok:  # every name claimed supported exists (and is not None)
+            obj = modules[mod]
+            for part in name.split("."):
+                obj = getattr(obj, part)
+            assert obj is not None, (mod, name)
+        else:
+            assert reason and "no reason recorded" not in reason, (mod, name)
+    assert t.main(["--check"]) == 0, "docs/kernels.md's table is stale: python scripts/nki_api_table.py --write"

@@ -503,5 +503,7 @@ from ._alias import aliased, install_alias, uninstall_alias  # noqa: E402,F401
 #: ``nki.trace``: AWS's name of a kernel traced for the host harness (``nki.simulate_kernel(nki.trace(k), ...)``);
 #: here the same as :func:`jit`.
 trace = jit
+#: ``nki.tensor``: the annotation of a kernel's tensor parameters (``nki.typing.tensor``).
+tensor = typing.tensor
 
-__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased", "trace"]
+__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased", "trace", "tensor"]
