@@ -62,6 +62,7 @@ class reduce_cmd(enum.IntEnum):
     reset = 1
     reduce = 2
     reset_reduce = 3
+    load_reduce = 4  # the newer NKI: load imm1 into the accumulator, then accumulate
 
 
 class dge_mode(enum.IntEnum):
@@ -668,31 +669,53 @@ def scalar_tensor_tensor(*args, **kwargs):
                     valid=both(tuple(x.shape), defined(data), defined(operand0), defined(operand1)))
 
 
+_IDENTITY = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": float("-inf"), "minimum": float("inf")}
+
+
 @instruction
 def tensor_scalar_cumulative(*args, **kwargs):
-    """The newer NKI's scan of a tile with a scalar op: op1 accumulated along the free axis of
-    op0(src, operand0), starting from ``imm1`` (or the accumulator, with reduce_cmd=reduce) (VectorE)."""
+    """The newer NKI's scan with a scalar op (VectorE): per partition, ``reg = op1(op0(src[i], imm0), reg)``
+    (``op0(imm0, src[i])`` with reverse0), ``dst[i] = reg``, along the flattened free axes. ``reg`` starts
+    at op1's identity (reduce_cmd=reset_reduce, the default), at ``imm1`` (load_reduce), or where the
+    accumulator was left (reduce)."""
     dst = kwargs.pop("dst", args[0] if args else None)
     src = kwargs.pop("src", args[1] if len(args) > 1 else None)
-    op0, op1 = kwargs.pop("op0"), kwargs.pop("op1")
-    imm0 = kwargs.pop("imm0", kwargs.pop("operand0", 0.0))
-    imm1 = kwargs.pop("imm1", None)
+    op0, op1 = kwargs.pop("op0", args[2] if len(args) > 2 else None), kwargs.pop("op1", args[3] if len(args) > 3 else None)
+    imm0 = kwargs.pop("imm0", args[4] if len(args) > 4 else None)
+    imm1 = kwargs.pop("imm1", args[5] if len(args) > 5 else None)
+    cmd = reduce_cmd(int(kwargs.pop("reduce_cmd", reduce_cmd.reset_reduce)))
+    reverse0 = bool(kwargs.pop("reverse0", False))
+    _required("tensor_scalar_cumulative", src=src, op0=op0, op1=op1, imm0=imm0)
+    shape = tuple(read(src, "tensor_scalar_cumulative").shape)
     x = _per_partition(read(src, "tensor_scalar_cumulative").float())
     o0 = read(imm0, "tensor_scalar_cumulative (imm0)")
-    o0 = o0.float().reshape(-1, 1) if isinstance(o0, torch.Tensor) else float(o0)
-    t = _torch_op(op0, "tensor_scalar_cumulative")(x, o0)
+    o0 = o0.float().reshape(-1, 1) if isinstance(o0, torch.Tensor) else torch.tensor(float(o0), device=x.device)
+    f0 = _torch_op(op0, "tensor_scalar_cumulative")
+    t = f0(o0, x) if reverse0 else f0(x, o0)
     f1 = _torch_op(op1, "tensor_scalar_cumulative")
-    acc = None if imm1 is None else (read(imm1, "tensor_scalar_cumulative").float().reshape(-1)
-                                    if isinstance(imm1, _TILE) else torch.full((x.shape[0],), float(imm1),
-                                                                               device=x.device))
+    r = run()
+    if cmd == reduce_cmd.load_reduce:
+        _required("tensor_scalar_cumulative", imm1=imm1)
+        v = read(imm1, "tensor_scalar_cumulative (imm1)")
+        reg = v.float().reshape(-1) if isinstance(v, torch.Tensor) else torch.full((x.shape[0],), float(v),
+                                                                                   device=x.device)
+    elif cmd == reduce_cmd.reduce and getattr(r, "nki_accumulator", None) is not None:
+        reg = r.nki_accumulator.reshape(-1)
+    else:
+        name = getattr(nl.numpy_op(op1) or op1, "__name__", "")
+        if name not in _IDENTITY:
+            fail(NotImplementedError, f"tensor_scalar_cumulative: op1 {name!r} (add, subtract, multiply, maximum, "
+                                      f"minimum)")
+        reg = torch.full((x.shape[0],), _IDENTITY[name], device=x.device)
+    reg = reg.expand(x.shape[0]).clone()
     cols = []
     for i in range(t.shape[1]):
-        acc = t[:, i] if acc is None else f1(acc, t[:, i]).float()
-        cols.append(acc)
-    y = torch.stack(cols, 1)
+        reg = f1(t[:, i], reg).float()
+        cols.append(reg)
+    r.nki_accumulator = reg.reshape(-1, 1)
+    y = torch.stack(cols, 1).reshape(shape)
     _vector("tensor_scalar_cumulative", x.shape, 1, src.dtype)
-    shape = tuple(read(src, "tensor_scalar_cumulative").shape)
-    return _deliver(dst, y.reshape(shape), "tensor_scalar_cumulative", None if dst is not None else src.dtype)
+    return _deliver(dst, y, "tensor_scalar_cumulative", None if dst is not None else src.dtype)
 
 
 @instruction

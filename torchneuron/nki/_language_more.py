@@ -451,9 +451,13 @@ NUMPY_OPS = {
 
 
 def numpy_op(op):
-    """The nl function a NumPy ufunc (np.add) or reduction (np.max, np.amax, np.sum) names, else None."""
+    """The nl function a NumPy ufunc (np.add) or reduction (np.max, np.amax, np.sum), or an nl reduction
+    (nl.max) used as an ALU op, names; else None."""
     if isinstance(op, _TILE):
         return None
+    as_op = {nl.max: nl.maximum, nl.min: nl.minimum, nl.sum: nl.add, nl.prod: nl.multiply}
+    if callable(op) and op in as_op:  # a reduction named where an ALU op goes (op1=nl.max): its element-wise op
+        return as_op[op]
     mod_name = type(op).__module__ if type(op).__name__ == "ufunc" else getattr(op, "__module__", "") or ""
     if not mod_name.startswith("numpy"):
         return None
