@@ -793,6 +793,10 @@ def _hbm_index(x):
     tensor, index = hbm_parts(x)
     idx, shape = _broadcast_index(tensor, index)
     ok = torch.ones(shape, dtype=torch.bool, device=tensor.device)
+    from ._core import _fake
+
+    if _fake(tensor):  # shapes only: no data-dependent bounds checks
+        return tensor, idx, ok
     for d, i in enumerate(idx):
         ok &= (i >= 0) & (i < tensor.shape[d])
     clamped = tuple(i.clamp(0, tensor.shape[d] - 1) for d, i in enumerate(idx))
@@ -827,7 +831,13 @@ def dma_copy(*args, **kwargs):
         dst, src = (list(args) + [None, None])[:2]
     mask = kwargs.pop("mask", None)
     hbm = (HbmTensor, HbmView)
-    if not isinstance(dst, hbm) and not isinstance(src, hbm):
+
+    def direct(x):  # an HBM side indexed by slices and ints only (no tile of indices)
+        return not isinstance(x, HbmView) or not any(isinstance(i, torch.Tensor) for i in
+                                                     (x.index if isinstance(x.index, tuple) else (x.index,)))
+    plain = rmw is None and int(oob) == int(oob_mode.error) and not (isinstance(dst, hbm) and isinstance(src, hbm))
+    if not isinstance(dst, hbm) and not isinstance(src, hbm) or plain and direct(dst) and direct(src) and (
+            mask is None):
         return _dma_copy(dst=dst, src=src, **({"mask": mask} if mask is not None else {}))
     _OOB.clear()
     if isinstance(src, hbm):

@@ -97,6 +97,13 @@ def _torch_op(op, what: str):
     return fn
 
 
+def _per_partition_operand(o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-partition operand ([P] from ``t[:, 0]``, or [P, 1]) aligned on the partition axis of ``x``."""
+    if 0 < o.dim() < x.dim() and o.shape[0] == x.shape[0]:
+        return o.reshape(tuple(o.shape) + (1,) * (x.dim() - o.dim()))
+    return o
+
+
 @instruction
 def nc_matmul(*args, **kwargs):
     """stationary.T @ moving on TensorE: stationary [K, M] (K <= 128 partitions, M <= 128), moving [K, N]
@@ -193,10 +200,10 @@ def activation(*args, **kwargs):
     fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
-    y = x * (s.float() if isinstance(s, torch.Tensor) else s)
+    y = x * (_per_partition_operand(s.float(), x) if isinstance(s, torch.Tensor) else s)
     if bias is not None:
         b = read(bias, "activation (bias)")
-        y = y + (b.float() if isinstance(b, torch.Tensor) else b)
+        y = y + (_per_partition_operand(b.float(), x) if isinstance(b, torch.Tensor) else b)
     y = fn(y)
     nl.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
@@ -232,7 +239,7 @@ def tensor_scalar(*args, **kwargs):
 
     def apply(v, op, operand, reverse):
         o = read(operand, "tensor_scalar (operand)")
-        o = o.float() if isinstance(o, torch.Tensor) else o
+        o = _per_partition_operand(o.float(), v) if isinstance(o, torch.Tensor) else o
         fn = _torch_op(op, "tensor_scalar")
         return fn(torch.as_tensor(o, device=v.device), v) if reverse else fn(v, o)
 
