@@ -178,9 +178,9 @@ def main(argv=None) -> int:
     if a.samples:
         src = a.samples / "src"
         if "samples-unit" in want and (a.samples / "test" / "unit").is_dir():
-            tests = pick(sorted((a.samples / "test" / "unit").glob("test_*.py")))
-            results += run_pytest("samples-unit", tests, a.samples / "test" / "unit", [src], a.timeout,
-                                  ("--simulation-only",))
+            for test in pick(sorted((a.samples / "test" / "unit").glob("test_*.py"))):  # one process each
+                results += run_pytest("samples-unit", [test], a.samples / "test" / "unit", [src], a.timeout,
+                                      ("--simulation-only",))
         if "samples-tutorials" in want:
             tut = src / "nki_samples" / "tutorials"
             tests = pick(sorted(tut.rglob("test_*.py")))
