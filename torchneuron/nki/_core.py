@@ -614,8 +614,8 @@ class IndexExpr:
     def __le__(self, o): return self._bin(o, torch.le)
     def __gt__(self, o): return self._bin(o, torch.gt)
     def __ge__(self, o): return self._bin(o, torch.ge)
-    def __and__(self, o): return self._bin(o, torch.logical_and)
-    def __or__(self, o): return self._bin(o, torch.logical_or)
+    def __and__(self, o): return self._bin(torch.as_tensor(o) if isinstance(o, bool) else o, torch.logical_and)
+    def __or__(self, o): return self._bin(torch.as_tensor(o) if isinstance(o, bool) else o, torch.logical_or)
 
     @property
     def shape(self):
