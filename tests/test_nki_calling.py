@@ -291,16 +291,19 @@ def test_mask_of_an_elementwise_instruction_leaves_the_rest_of_dst(instr):
     _close(_kernel(body, (P, F))(x, y), want, rtol=1e-5, atol=1e-5)
 
 
-def test_activation_reduction_is_a_clear_error():
+def test_activation_reduction_into_reduce_res():
     @nki.jit
     def kernel(x):
+        out = nl.ndarray((P, 1), dtype=x.dtype, buffer=nl.shared_hbm)
         a = _sbuf(x.shape)
         nisa.dma_copy(dst=a, src=x)
-        nisa.activation(_sbuf(x.shape), nl.exp, a, reduce_op=nl.add, reduce_res=_sbuf((P, 1)))
-        return x
+        r = _sbuf((P, 1))
+        nisa.activation(_sbuf(x.shape), nl.exp, a, reduce_op=nl.add, reduce_res=r)
+        nisa.dma_copy(dst=out, src=r)
+        return out
 
-    with pytest.raises(NotImplementedError, match="activation: reduce_op/reduce_res"):
-        kernel(torch.randn(P, F, device="neuron"))
+    x = torch.randn(P, F, device="neuron")
+    torch.testing.assert_close(kernel(x).cpu(), torch.exp(x.cpu()).sum(1, keepdim=True))
 
 
 def test_masked_reduction_in_a_custom_op_under_compile():

@@ -43,8 +43,10 @@ from torchneuron import _C
 from . import _hardware, _replay
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
+from . import _isa_more, _language_more  # noqa: F401  (the rest of nl's and nisa's names: they add them to nl and nisa)
 from . import typing  # noqa: F401  (nki.typing: annotations of tensor parameters)
 from ._core import HbmTensor, Tile, TileView
+from ._numpy import numpy_of as _numpy_of
 from ._run import _RUN, Instruction, KernelRun, _fake, annotate
 
 __all__ = ["jit", "nki_op", "is_nki_op", "record_calls", "Kernel", "KernelCall", "Estimate", "TARGETS", "language",
@@ -96,6 +98,8 @@ class KernelCall:
     instructions: Tuple[Instruction, ...]
     sbuf_peak_bytes_per_partition: int
     psum_peak_bytes_per_partition: int
+    #: Why a replay of this call's traced graph would not do what the interpreter does ("" if it would).
+    not_replayable: str = ""
 
     def estimate(self, target: Optional[str] = None) -> Estimate:
         """What the call would cost on one NeuronCore of ``target`` (default: the one it ran for)."""
@@ -209,6 +213,7 @@ class Kernel:
             shared: list = []
             instructions: List[Instruction] = []
             peaks = [0, 0]
+            not_replayable: List[str] = []
 
             def programs_run(*_tensors):
                 result = None
@@ -223,6 +228,8 @@ class Kernel:
                     r.finish()  # SBUF/PSUM by liveness: the peaks, a MemoryError over the target's capacity
                     instructions.extend(r.instructions)
                     peaks[0], peaks[1] = max(peaks[0], r.sbuf_peak), max(peaks[1], r.psum_peak)
+                    if r.not_replayable:
+                        not_replayable.append(r.not_replayable)
                 if profiled:
                     annotate(instructions, gen.name, line=False)
                 return result
@@ -231,7 +238,8 @@ class Kernel:
                 result = _C._launch(f"nki:{self.fn.__name__}", device.index, programs_run, *ts)
             else:
                 result = programs_run()
-            call = KernelCall(self.fn.__name__, gen.name, tuple(instructions), peaks[0], peaks[1])
+            call = KernelCall(self.fn.__name__, gen.name, tuple(instructions), peaks[0], peaks[1],
+                              not_replayable[0] if not_replayable else "")
             return _unwrap(result, self.fn.__name__), call
 
         # The same kernel, key (layouts, constants, grid, target) called again: replayed (_replay).
@@ -267,14 +275,14 @@ def _unwrap(x, name: str):
     return x
 
 
-_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation")
+_MODES = ("auto", "torchxla", "jax", "baremetal", "benchmark", "simulation", "trace")
 
 
 def jit(fn: Optional[Callable] = None, *, platform_target: Optional[str] = None, mode: str = "auto",
         **options) -> Any:
     """``@nki.jit`` or ``@nki.jit(platform_target="trn1")``: make ``fn`` a kernel called with neuron tensors.
 
-    ``mode`` as AWS's: "auto" (also "torchxla", "jax": a framework's tensors, here neuron tensors; a call
+    ``mode`` as AWS's: "auto" (also "torchxla", "jax", "trace" (a kernel traced for the harness): a framework's tensors, here neuron tensors; a call
     with numpy arrays runs as :func:`simulate` does),
     "simulation" and "baremetal" (called with numpy arrays, :func:`simulate`), "benchmark" (numpy arrays
     and a projected latency, :func:`benchmark`). Other options (compiler flags) do not change what runs."""
@@ -392,23 +400,6 @@ def _run_numpy(kernel: Kernel, what: str, args, kwargs, estimate_targets: Sequen
     return to_numpy(result), estimates
 
 
-def _numpy_of(t: torch.Tensor, what: str):
-    """A CPU tensor as a numpy array; bfloat16 as ml_dtypes.bfloat16 (AWS's NumPy bfloat16) when ml_dtypes is
-    installed, else widened to float32 (exact) with a warning in the log."""
-    if t.dtype == torch.bfloat16:
-        try:
-            import ml_dtypes
-        except ImportError:
-            logging.getLogger("torchneuron").warning(
-                "%s: a bfloat16 result is returned as float32 (exact): NumPy has no bfloat16 without ml_dtypes", what)
-            return t.float().numpy()
-        return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
-    try:
-        return t.numpy()
-    except TypeError:
-        raise TypeError(f"{what}: a result of dtype {t.dtype} has no NumPy counterpart") from None
-
-
 def simulate_kernel(kernel, *args, **kwargs):
     """``nki.simulate_kernel(kernel, *arrays, **kwargs)``: run ``kernel`` on numpy arrays, return numpy arrays.
 
@@ -524,3 +515,19 @@ def benchmark(kernel=None, *, warmup: int = 10, iters: int = 100, **options):
     if kernel is None:
         return lambda k: benchmark(k, warmup=warmup, iters=iters, **options)
     return _BenchmarkKernel(_as_kernel(kernel, "nki.benchmark"), "nki.benchmark", warmup, iters)
+
+
+# ---- AWS's import names (opt-in) and nki.compiler ------------------------------------------------------
+
+from . import compiler  # noqa: E402,F401  (nki.compiler: the compiler's directives, no-ops here)
+# ncc.jit and the like are this package's (nki.compiler builds on nothing above _core: no import circle).
+compiler.jit, compiler.benchmark, compiler.baremetal, compiler.simulate_kernel = jit, benchmark, baremetal, simulate_kernel
+from ._alias import aliased, install_alias, uninstall_alias  # noqa: E402,F401
+
+#: ``nki.trace``: AWS's name of a kernel traced for the host harness (``nki.simulate_kernel(nki.trace(k), ...)``);
+#: here the same as :func:`jit`.
+trace = jit
+#: ``nki.tensor``: the annotation of a kernel's tensor parameters (``nki.typing.tensor``).
+tensor = typing.tensor
+
+__all__ += ["compiler", "install_alias", "uninstall_alias", "aliased", "trace", "tensor"]

@@ -174,8 +174,8 @@ class Tile:
         return f"Tile({list(self.shape)}, {self.dtype}, {self.buffer!r})"
 
     # Arithmetic on tiles is nl's (VectorE/ScalarE instructions).
-    def __add__(self, o): return TILE_OPS["add"](self, o)
-    def __radd__(self, o): return TILE_OPS["add"](o, self)
+    def __add__(self, o): return IndexExpr(read(self, "+") + o.tensor) if isinstance(o, IndexExpr) else TILE_OPS["add"](self, o)
+    def __radd__(self, o): return IndexExpr(o.tensor + read(self, "+")) if isinstance(o, IndexExpr) else TILE_OPS["add"](o, self)
     def __sub__(self, o): return TILE_OPS["subtract"](self, o)
     def __rsub__(self, o): return TILE_OPS["subtract"](o, self)
     def __mul__(self, o): return TILE_OPS["multiply"](self, o)
@@ -287,6 +287,8 @@ def _index(index):
     for i in index:
         if isinstance(i, IndexExpr):
             i = i.tensor
+        elif isinstance(i, (Tile, TileView)):  # an indirect index: the values of a tile, read when it runs
+            i = _get(i.tile.data, i.index).to(torch.int64)
         out.append(i)
     return tuple(out)
 
@@ -327,6 +329,8 @@ def read(x, what: str) -> torch.Tensor:
                         f"nisa.dma_copy)")
     if isinstance(x, (torch.Tensor, int, float, bool, torch.SymInt, torch.SymFloat)):
         return x
+    if type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 0:  # a NumPy scalar (np.int32(3))
+        return x.item()
     fail(TypeError, f"{what}: expected a tile or a scalar, got {type(x).__name__}")
 
 
@@ -380,7 +384,13 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
     try:
         value = value.to(dst.tile.dtype).expand(target_shape) if value.shape != target_shape else value.to(dst.tile.dtype)
     except RuntimeError:
-        fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
+        if value.numel() == math.prod(target_shape) and value.dim() and target_shape and \
+                value.shape[0] == target_shape[0]:  # [P, 1] into a destination indexed down to [P]: same elements
+            value = value.to(dst.tile.dtype).reshape(target_shape)
+            if valid is not None and valid.numel() == value.numel():
+                valid = valid.reshape(target_shape)
+        else:
+            fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
                          f"{tuple(target_shape)}")
     t = dst.tile
     m = None
@@ -417,7 +427,13 @@ def _get(t: torch.Tensor, index):
     return t[index]
 
 
+_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def _set(t: torch.Tensor, index, value) -> None:
+    if t.dtype in _SIGNED and index is not Ellipsis:  # PyTorch indexes no writes into unsigned 16/32/64-bit
+        value = torch.as_tensor(value, device=t.device).to(t.dtype).view(_SIGNED[t.dtype])
+        t = t.view(_SIGNED[t.dtype])
     if index is Ellipsis:
         t.copy_(value) if isinstance(value, torch.Tensor) else t.fill_(value)
     elif isinstance(index, tuple) and index and isinstance(index[0], str):
@@ -456,6 +472,13 @@ class HbmView:
     def __init__(self, base: HbmTensor, index):
         self.base, self.index = base, index
 
+    def __getitem__(self, index) -> "HbmView":
+        """A view of this view (``q[b][h]``): basic indices keep it a view of the tensor's memory."""
+        return HbmTensor(self.base.tensor[self.index])[index]
+
+    def reshape(self, shape) -> "HbmTensor":
+        return HbmTensor(self.base.tensor[self.index].reshape(tuple(shape)))
+
     @property
     def shape(self) -> Tuple[int, ...]:
         return tuple(self.base.tensor[self.index].shape)
@@ -484,6 +507,8 @@ class IndexExpr:
         return IndexExpr(self.tensor[index])
 
     def _bin(self, other, fn):
+        if isinstance(other, (Tile, TileView)):  # a dynamic offset: the tile's values, read when it runs
+            other = IndexExpr(_get(other.tile.data, other.index).to(torch.int64))
         return IndexExpr(fn(self.tensor, other.tensor if isinstance(other, IndexExpr) else other))
 
     def __add__(self, o): return self._bin(o, torch.add)
@@ -498,8 +523,8 @@ class IndexExpr:
     def __le__(self, o): return self._bin(o, torch.le)
     def __gt__(self, o): return self._bin(o, torch.gt)
     def __ge__(self, o): return self._bin(o, torch.ge)
-    def __and__(self, o): return self._bin(o, torch.logical_and)
-    def __or__(self, o): return self._bin(o, torch.logical_or)
+    def __and__(self, o): return self._bin(torch.as_tensor(o) if isinstance(o, bool) else o, torch.logical_and)
+    def __or__(self, o): return self._bin(torch.as_tensor(o) if isinstance(o, bool) else o, torch.logical_or)
 
     @property
     def shape(self):
@@ -557,14 +582,22 @@ def masked_scatter(tensor: torch.Tensor, index, mask, data: torch.Tensor) -> Non
         return
     if _everywhere(mask):
         target = tensor if index is Ellipsis else tensor[index]
+        if data.dim() == target.dim():  # a slice past the tensor's end: the part of the value outside is not written
+            data = data[tuple(slice(0, n) if d > n else slice(None) for d, n in zip(data.shape, target.shape))]
         if index is Ellipsis or (isinstance(index, tuple) and all(isinstance(i, slice) for i in index)):
             target.copy_(data.expand(target.shape))
         else:
-            tensor[index] = data.expand(target.shape)
+            _set(tensor, index, data.expand(target.shape))
         return
     m = mask.tensor if isinstance(mask, IndexExpr) else mask
     idx, shape = _broadcast_index(tensor, index)
-    m = torch.as_tensor(m, device=tensor.device).expand(shape)
+    # A slice past the tensor's end: the part of the value (and mask) outside is masked off.
+    if data.dim() == len(shape):
+        data = data[tuple(slice(0, n) if d > n else slice(None) for d, n in zip(data.shape, shape))]
+    m = torch.as_tensor(m, device=tensor.device)
+    if m.dim() == len(shape):
+        m = m[tuple(slice(0, n) if d > n else slice(None) for d, n in zip(m.shape, shape))]
+    m = m.expand(shape)
     data = data.expand(shape)
     tensor[tuple(i[m] for i in idx)] = data[m]
 

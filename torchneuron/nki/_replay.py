@@ -594,6 +594,10 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
         leaves = [ins[i] if kind == "input" else (outs[i] if kind == "output" else i) for kind, i in where]
         return pytree.tree_unflatten(leaves, spec)
 
+    if getattr(call, "not_replayable", ""):  # the interpreter does something a graph would not repeat
+        entry.interpret, entry.reason = True, call.not_replayable
+        log.info("nki %s: replay keeps the interpreter: %s", name, entry.reason)
+        return rebuild(interpreted, tensors), call
     try:
         start = time.perf_counter()
         prepared, reason = prepare(gm, before)  # (the graph as traced: its reads of values included)

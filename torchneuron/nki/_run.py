@@ -83,6 +83,12 @@ class KernelRun:
         # Under torch.profiler each instruction runs as device work named for it (see instruction()).
         self.profiled = False
         self.in_instruction = False
+        # nl.rand / nl.dropout / nisa's random numbers: the program's generator (_language_more._generator).
+        self.generator: Optional[torch.Generator] = None
+        # VectorE's accumulator register of reduce_cmd (nisa.select_reduce, tensor_scalar_cumulative ...).
+        self.accumulator: Optional[torch.Tensor] = None
+        # Why this run cannot be replayed from a traced graph (_replay), or "".
+        self.not_replayable = ""
 
     def charge(self, name: str, engine: str, work: tuple) -> None:
         seconds = hw.instruction_seconds(engine, work, self.gen)

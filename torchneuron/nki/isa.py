@@ -14,6 +14,7 @@ import torch
 
 from . import _cost
 from . import _hardware as hw  # noqa: F401
+from . import _language_more as _lm
 from . import language as nl
 from ._calling import _TILE, _deliver, _required, _split_dst, _take  # noqa: F401  (the calling forms)
 from ._core import (HbmTensor, HbmView, Tile, TileView, _fake, both, defined, fail, instruction, psum, read, run, sbuf,
@@ -27,12 +28,20 @@ def _torch_op(op, what: str):
     if isinstance(op, _TILE):
         fail(TypeError, f"{what}: a tile {op!r} where an op (nl.add ...) goes; the output tile goes first "
                         f"({what}(dst, ...)) or as dst=")
+    op = _lm.numpy_op(op) or op  # np.add and the like: the nl function of that name
     fn = getattr(op, "torch_fn", None)
     if fn is None:
         if callable(op) and getattr(op, "__module__", "").startswith("torch"):
             return op
         fail(NotImplementedError, f"{what}: op {getattr(op, '__name__', op)!r} is not supported here")
     return fn
+
+
+def _per_partition_operand(o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-partition operand ([P] from ``t[:, 0]``, or [P, 1]) aligned on the partition axis of ``x``."""
+    if 0 < o.dim() < x.dim() and o.shape[0] == x.shape[0]:
+        return o.reshape(tuple(o.shape) + (1,) * (x.dim() - o.dim()))
+    return o
 
 
 @instruction
@@ -49,10 +58,10 @@ def activation(*args, **kwargs):
     fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
-    y = x * (s.float() if isinstance(s, torch.Tensor) else s)
+    y = x * (_per_partition_operand(s.float(), x) if isinstance(s, torch.Tensor) else s)
     if bias is not None:
         b = read(bias, "activation (bias)")
-        y = y + (b.float() if isinstance(b, torch.Tensor) else b)
+        y = y + (_per_partition_operand(b.float(), x) if isinstance(b, torch.Tensor) else b)
     y = fn(y)
     _cost.charge_scalar("activation", x.shape)
     valid = both(tuple(x.shape), defined(data), defined(bias), defined(scale))
@@ -88,7 +97,7 @@ def tensor_scalar(*args, **kwargs):
 
     def apply(v, op, operand, reverse):
         o = read(operand, "tensor_scalar (operand)")
-        o = o.float() if isinstance(o, torch.Tensor) else o
+        o = _per_partition_operand(o.float(), v) if isinstance(o, torch.Tensor) else o
         fn = _torch_op(op, "tensor_scalar")
         return fn(torch.as_tensor(o, device=v.device), v) if reverse else fn(v, o)
 
@@ -110,7 +119,7 @@ def tensor_reduce(*args, **kwargs):
                                          ("keepdims", "other")], "tensor_reduce")
     op, data, axis, negate, keepdims = _take(rest, kwargs, ["op", "data", "axis", "negate", "keepdims"])
     _required("tensor_reduce", op=op, data=data, axis=axis)
-    fn = nl.REDUCE_OPS.get(op)
+    fn = nl.REDUCE_OPS.get(_lm.numpy_op(op) or op)
     if fn is None:
         fail(NotImplementedError, f"tensor_reduce: op {getattr(op, '__name__', op)!r} (use nl.add, nl.maximum, "
                                   f"nl.minimum or nl.multiply)")
@@ -294,3 +303,7 @@ def affine_select(*args, **kwargs):
     dtype = kwargs.pop("dtype", None)
     return _deliver(dst, y, "affine_select", dtype or (on_true.dtype if dst is None else None),
                     mask=kwargs.pop("mask", None), valid=defined(on_true))
+
+
+# The rest of nki.isa's public names are in _isa_more, which imports this module and adds its names to it
+# (the package imports it): see _isa_more's end.

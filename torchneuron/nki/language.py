@@ -18,7 +18,7 @@ import torch
 from . import _cost
 from . import _hardware as hw
 from . import _tensor_engine
-from ._core import (TILE_OPS, Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, as_dtype, both, defined, fail,
+from ._core import (TILE_OPS, Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, _set, as_dtype, both, defined, fail,
                     hbm, hbm_parts, instruction, masked_gather, masked_scatter, private_hbm, psum, read, require_defined, run, sbuf,
                     shared_hbm, write)
 
@@ -47,11 +47,12 @@ class tile_size:
     gemm_moving_fmax = hw.GEMM_MOVING_FMAX
     psum_fmax = hw.PSUM_BANK_BYTES // 4
     psum_bank_fmax = hw.PSUM_BANK_BYTES // 4
+    bn_stats_fmax = 512  # AWS's nki.isa.bn_stats: at most 512 elements per partition
 
 
 # ---- memory ---------------------------------------------------------------------------------------
 
-def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
     dtype = _dtype(dtype)
     if isinstance(shape, int):
@@ -71,7 +72,7 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
 
 
 @instruction
-def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
+def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     t = ndarray(shape, dtype, buffer)
     if isinstance(t, HbmTensor):
         t.tensor.fill_(fill_value)
@@ -82,12 +83,12 @@ def full(shape, fill_value, dtype, buffer: Buffer = sbuf, name: str = ""):
 
 
 @instruction
-def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def zeros(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     return full(shape, 0, dtype, buffer)
 
 
 @instruction
-def ones(shape, dtype, buffer: Buffer = sbuf, name: str = ""):
+def ones(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     return full(shape, 1, dtype, buffer)
 
 
@@ -151,8 +152,7 @@ def load(src, mask=None, dtype=None, **kwargs) -> Tile:
 def store(dst, value, mask=None, **kwargs) -> None:
     """An SBUF tile -> HBM (a DMA)."""
     tensor, index = hbm_parts(dst)
-    if isinstance(value, (Tile, TileView)) and value.buffer is psum:
-        fail(ValueError, "nl.store writes from SBUF; copy a PSUM tile to SBUF first (nl.copy or nisa.tensor_copy)")
+    # A PSUM tile is stored as an SBUF one is (a DMA from PSUM: AWS's simulator and the chip's DMA take both).
     data = read(value, "nl.store")
     where = None
     if mask is not None and isinstance(value, (Tile, TileView)):
@@ -168,11 +168,13 @@ def store(dst, value, mask=None, **kwargs) -> None:
         try:
             data = data.expand(target.shape) if data.dim() <= target.dim() else data.reshape(target.shape)
         except RuntimeError:
-            fail(ValueError, f"nl.store: a tile of shape {tuple(data.shape)} does not fit {tuple(target.shape)}")
+            if data.numel() != target.numel() or data.shape[0] != target.shape[0]:  # same partitions, same elements
+                fail(ValueError, f"nl.store: a tile of shape {tuple(data.shape)} does not fit {tuple(target.shape)}")
+            data = data.reshape(target.shape)
     if index is Ellipsis:
         tensor.copy_(data)
     else:
-        tensor[index] = data
+        _set(tensor, index, data)
     _cost.charge_dma("store", data.numel() * data.element_size())
 
 
