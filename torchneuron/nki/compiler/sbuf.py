@@ -1,27 +1,10 @@
-"""``nki.compiler.sbuf``: direct allocation of sbuf tensors. Here each allocator names the buffer
-(``nl.sbuf``): a tensor allocated with it is a sbuf tensor whose logical tiles each have memory of their own
-(see :mod:`torchneuron.nki.compiler`)."""
+"""``nki.compiler.sbuf``: direct allocation of sbuf tensors (see :mod:`torchneuron.nki.compiler._allocators`)."""
 
 from __future__ import annotations
 
 from .._core import sbuf as _buffer
+from ._allocators import allocators
 
 __all__ = ["alloc", "mod_alloc", "auto_alloc"]
 
-
-def alloc(func):
-    """``buffer=ncc.sbuf.alloc(func)``: ``func`` places each logical tile; here the tensor is in nl.sbuf."""
-    if not callable(func):
-        raise TypeError(f"ncc.sbuf.alloc takes a callable placing each logical tile, got {type(func).__name__}")
-    return _buffer
-
-
-def mod_alloc(*, base_addr=0, base_partition=0, num_par_tiles=(), num_free_tiles=(), base_bank=0,
-              num_bank_tiles=()):
-    """``buffer=ncc.sbuf.mod_alloc(...)``: modulo placement; here the tensor is in nl.sbuf."""
-    return _buffer
-
-
-def auto_alloc():
-    """``buffer=ncc.sbuf.auto_alloc()``: the same as ``buffer=nl.sbuf``."""
-    return _buffer
+alloc, mod_alloc, auto_alloc = allocators("sbuf", _buffer)
