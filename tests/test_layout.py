@@ -15,13 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("torchneuron", "torch_neuronx")
 EXTENSIONS = ("torchneuron._C", "torchneuron._gloo_exit")  # compiled modules (setup.py): leaves of the graph
 
-KNOWN = {
-    frozenset({"torchneuron.neuron", "torchneuron.neuron.random"}):
-        "torch.cuda's own layout, kept name for name: random.py queues seeds with the package's _lazy_call "
-        "and initialises with its _lazy_init, and the package re-exports random's functions; moving the "
-        "lazy-init state to a module of its own must keep torch.neuron._initialized a plain attribute "
-        "(PyTorch's checkpointing reads it)",
-}
+KNOWN: dict[frozenset[str], str] = {}
 
 KNOWN_CPP: dict[frozenset[str], str] = {}  # aten owns the held-work table fused eager plugs into (aten/held_work.h)
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import torch
 
 from .. import _C
-from . import _lazy_call, _lazy_init
+from ._lazy import _lazy_call, _lazy_init
 from ._utils import _get_device_index
 
 __all__ = [
