@@ -481,7 +481,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       failWithSnapshot(e, device);
     }
     traceBlock(block->ptr, true);
-    rt::deviceAccessAdd(block->ptr, nbytes);  // strict mode: a block handed out inside a launch is its
+    if (rt::strictMode()) rt::deviceAccessAdd(block->ptr, nbytes);  // strict mode: a block handed out inside a launch is its
     return {block->ptr, block, &deleteBlock, c10::Device(kNeuron, device)};
   }
 

@@ -66,7 +66,9 @@ namespace detail {
 
 void initDeviceSlow(c10::DeviceIndex index) {
   initDevices();
-  if (index >= 0 && index < kMaxDevices) device_used[index].store(true, std::memory_order_release);
+  // Only a device that exists is marked used: useDevice() then skips the check for it.
+  if (index >= 0 && index < kMaxDevices && index < deviceCount())
+    device_used[index].store(true, std::memory_order_release);
 }
 
 }  // namespace detail

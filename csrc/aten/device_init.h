@@ -35,7 +35,12 @@ inline void initDevice(c10::DeviceIndex index) {
 }
 
 // A use of device `index`: checks that it exists, then initialises the devices at their first use.
+// A device used before exists (initDeviceSlow marks only valid indices), so that is all it checks.
 inline void useDevice(c10::DeviceIndex index) {
+  if (C10_LIKELY(index >= 0 && index < kMaxDevices &&
+                 detail::device_state.load(std::memory_order_relaxed) == kDevicesInitialized &&
+                 detail::device_used[index].load(std::memory_order_relaxed)))
+    return;
   checkDevice(index);
   initDevice(index);
 }

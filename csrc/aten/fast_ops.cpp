@@ -113,7 +113,8 @@ struct Fast<Op, at::Tensor(Args...)> {
       Scan scan;
       (scan.add(args), ...);
       const auto device = scan.check(Op::name, Op::overload_name);
-      return deviceResult(cpuKernel<Op>(device, hostArgument(args)...), device);
+      HostViewLease views;
+      return deviceResult(cpuKernel<Op>(device, views.arg(args)...), device);
     } catch (const c10::NotImplementedError&) {
       if (!widened) throw;
     }
@@ -174,7 +175,8 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    auto outs = cpuKernel<Op>(device, hostArgument(args)...);
+    HostViewLease views;
+    auto outs = cpuKernel<Op>(device, views.arg(args)...);
     return std::apply(
         [&](auto&... t) { return std::tuple<Outs...>(deviceResult(std::move(t), device)...); },
         outs);

@@ -224,10 +224,13 @@ at::Tensor quantizedDeviceTensorOver(c10::Storage storage, const at::Tensor& lik
                              quantizerOn(at::get_qtensorimpl(like)->quantizer(), c10::Device(kNeuron, device)));
 }
 
-// CPU aliases are made for every argument of every op, so each thread keeps
-// a few and reuses one as soon as nothing but the pool holds it.
+namespace {
+
+// CPU aliases are made for every argument of every op, so each thread keeps a few and reuses one
+// as soon as nothing but the pool holds it and no lease has it lent (bit i of t_lent: slot i).
 constexpr size_t kPoolSize = 8;
 thread_local std::array<at::Tensor, kPoolSize> alias_pool;
+thread_local uint32_t t_lent = 0;
 
 // Points a pooled alias at `neuron`, writing only what differs from what it showed last: an op's
 // arguments tend to come back with the same dtype, sizes and strides, and setting sizes and strides
@@ -249,6 +252,40 @@ void pointAt(const at::Tensor& alias, const at::Tensor& neuron) {
   if (impl->is_neg() != from->is_neg()) impl->_set_neg(from->is_neg());
 }
 
+at::Tensor newAlias(const at::Tensor& neuron) {
+  const auto& storage = neuron.storage();
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
+      c10::GetCPUAllocator(), /*resizable=*/true);
+  return tensorOver(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
+}
+
+// The pooled alias pointed at `neuron`: a free one reused, else a new one in an empty slot; or none
+// (every slot lent or held). Sets `slot` to the one used.
+at::Tensor* pooledAlias(const at::Tensor& neuron, size_t* slot) {
+  auto& pool = alias_pool;
+  const uint32_t lent = t_lent;
+  size_t empty = kPoolSize;
+  for (size_t i = 0; i < kPoolSize; ++i) {
+    at::Tensor& alias = pool[i];
+    if ((lent >> i) & 1u) continue;
+    if (!alias.defined()) {
+      if (empty == kPoolSize) empty = i;
+    } else if (alias.use_count() == 1 && alias.storage().use_count() == 1) {
+      pointAt(alias, neuron);
+      *slot = i;
+      return &alias;
+    }
+  }
+  if (empty == kPoolSize) return nullptr;
+  pool[empty] = newAlias(neuron);
+  *slot = empty;
+  return &pool[empty];
+}
+
+}  // namespace
+
 at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_storage) {
   reached(neuron);
   return tensorOver(cpu_storage, c10::DispatchKey::CPU, neuron);
@@ -256,23 +293,23 @@ at::Tensor hostViewSharing(const at::Tensor& neuron, const c10::Storage& cpu_sto
 
 at::Tensor hostView(const at::Tensor& neuron) {
   reached(neuron);
-  at::Tensor* empty_slot = nullptr;
-  for (auto& slot : alias_pool) {
-    if (!slot.defined()) {
-      empty_slot = &slot;
-    } else if (slot.use_count() == 1 && slot.storage().use_count() == 1) {
-      pointAt(slot, neuron);
-      return slot;
-    }
+  size_t slot = 0;
+  if (at::Tensor* alias = pooledAlias(neuron, &slot)) return *alias;
+  return newAlias(neuron);
+}
+
+HostViewLease::HostViewLease() noexcept : previous_(t_lent) {}
+HostViewLease::~HostViewLease() { t_lent = previous_; }
+
+const at::Tensor& HostViewLease::lend(const at::Tensor& neuron) {
+  reached(neuron);
+  size_t slot = 0;
+  if (at::Tensor* alias = pooledAlias(neuron, &slot)) {
+    t_lent |= 1u << slot;
+    return *alias;
   }
-  const auto& storage = neuron.storage();
-  auto impl = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
-      c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU)),
-      c10::GetCPUAllocator(), /*resizable=*/true);
-  at::Tensor alias = tensorOver(c10::Storage(std::move(impl)), c10::DispatchKey::CPU, neuron);
-  if (empty_slot != nullptr) *empty_slot = alias;
-  return alias;
+  own_.push_front(newAlias(neuron));
+  return own_.front();
 }
 
 c10::Storage hostStorageOf(const at::Tensor& neuron) {

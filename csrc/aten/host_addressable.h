@@ -27,6 +27,8 @@
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
 
+#include <cstdint>
+#include <forward_list>
 #include <optional>
 
 namespace torchneuron {
@@ -77,6 +79,29 @@ inline std::optional<at::Tensor> hostArgument(const std::optional<at::Tensor>& t
 }
 template <class T>
 const T& hostArgument(const T& value) { return value; }
+
+// Host views lent for one kernel call (fast_ops.cpp): a pooled host view is lent by reference, so
+// the call changes no reference count, and it is lent to nothing else until the lease ends. A view
+// the kernel kept (a result over its memory) is not reused while that lives. Leases nest.
+class HostViewLease {
+ public:
+  HostViewLease() noexcept;
+  ~HostViewLease();
+  HostViewLease(const HostViewLease&) = delete;
+  HostViewLease& operator=(const HostViewLease&) = delete;
+  // An argument as a CPU kernel takes it: the host view of a neuron tensor, anything else as it is.
+  const at::Tensor& arg(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron ? lend(t) : t; }
+  std::optional<at::Tensor> arg(const std::optional<at::Tensor>& t) {
+    return t.has_value() ? std::optional<at::Tensor>(arg(*t)) : t;
+  }
+  template <class T>
+  const T& arg(const T& value) { return value; }
+
+ private:
+  const at::Tensor& lend(const at::Tensor& neuron);
+  uint32_t previous_;                  // the thread's pooled views lent before this lease
+  std::forward_list<at::Tensor> own_;  // views made when every pooled one is lent or held
+};
 
 // The device result of a dense CPU tensor on `device` (an undefined tensor stays undefined).
 // When nothing else refers to `cpu`, its TensorImpl is reused.
