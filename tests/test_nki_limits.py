@@ -204,3 +204,53 @@ def test_data_dependent_control_flow_keeps_the_interpreter(monkeypatch):
     y = x.abs() * (1 if x.cpu()[0].sum() <= 0 else -1)  # the other branch now
     want = y * 2.0 if float(y.cpu()[0].sum()) > 0 else y * -1.0
     torch.testing.assert_close(positive_or_negative(y).cpu(), want.cpu())
+
+
+def _replayed(kernel, args, monkeypatch):
+    """The kernel called three times under early replay (interpreted, traced and compiled, replayed): its
+    entry, checked to replay bit for bit what the interpreter computes on new data."""
+    table = _replay.entries(kernel.fn)
+    table.clear()
+    monkeypatch.setenv("TORCHNEURON_NKI_REPLAY", "early")
+    for _ in range(3):
+        kernel(*args)
+    (entry,) = table.values()
+    assert entry.runner is not None, entry.reason
+    fresh = tuple(torch.randn(a.shape).to("neuron") if isinstance(a, torch.Tensor) else a for a in args)
+    replayed = kernel(*fresh)
+    monkeypatch.setenv("TORCHNEURON_NKI_REPLAY", "0")
+    _bit_equal(replayed, kernel(*fresh))
+    return entry
+
+
+def test_replay_runs_each_per_tile_aten_op_once_for_all_tiles(monkeypatch):
+    # softmax's exp and sum run as ATen's kernels (bit equality): one call each for the 4 tiles, not 4
+    entry = _replayed(softmax, (torch.randn(512, 256).to("neuron"),), monkeypatch)
+    assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+
+    @nki.jit
+    def exp_exp(x):  # two ATen calls per tile, the second on the first's result
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(x.shape[0] // 128):
+            t = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(nl.multiply(nl.exp(t), 0.5)))
+        return out
+
+    entry = _replayed(exp_exp, (torch.randn(384, 64).to("neuron"),), monkeypatch)
+    assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+
+
+def test_replay_keeps_apart_the_tiles_that_reuse_one_buffer(monkeypatch):
+    @nki.jit
+    def reused(x):  # one SBUF tile written by every iteration: each exp must read it before the next load
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        for i in nl.sequential_range(x.shape[0] // 128):
+            buf[...] = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(buf))
+        return out
+
+    x = torch.randn(384, 64).to("neuron")
+    entry = _replayed(reused, (x,), monkeypatch)
+    assert entry.merges == 0 and entry.aten_calls >= 3, (entry.merges, entry.aten_calls)
+    torch.testing.assert_close(reused(x).cpu(), x.cpu().exp(), rtol=0, atol=0)
