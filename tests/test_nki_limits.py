@@ -254,3 +254,27 @@ def test_replay_keeps_apart_the_tiles_that_reuse_one_buffer(monkeypatch):
     entry = _replayed(reused, (x,), monkeypatch)
     assert entry.merges == 0 and entry.aten_calls >= 3, (entry.merges, entry.aten_calls)
     torch.testing.assert_close(reused(x).cpu(), x.cpu().exp(), rtol=0, atol=0)
+
+
+def test_replay_computes_a_tiled_elementwise_map_in_one_pass(monkeypatch):
+    # tensor_add stores [128, 512] tiles along both axes, each the same add of the same tiles of a and b:
+    # the replay is that add of the whole tensors, written once into the output (no per-tile pieces, no
+    # concatenation copying them)
+    a, b = torch.randn(256, 1024).to("neuron"), torch.randn(256, 1024).to("neuron")
+    entry = _replayed(tensor_add, (a, b), monkeypatch)
+    assert entry.ops == {"aten.add.Tensor": 1}, entry.ops
+
+    @nki.jit
+    def shifted(a_input, b_input):  # each tile adds a's tile to b's next one: not one map of whole tensors
+        out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+        n = a_input.shape[0] // 128
+        for i in nl.affine_range(n):
+            j = (i + 1) % n
+            x = nl.load(a_input[i * 128:(i + 1) * 128, :])
+            y = nl.load(b_input[j * 128:(j + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.add(x, y))
+        return out
+
+    entry = _replayed(shifted, (a, b), monkeypatch)
+    assert entry.ops.get("aten.add.Tensor") == 2 and entry.ops.get("aten.cat.default") == 1, entry.ops
+    torch.testing.assert_close(shifted(a, b).cpu(), a.cpu() + b.cpu().roll(-128, 0), rtol=0, atol=0)

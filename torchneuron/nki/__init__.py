@@ -115,7 +115,8 @@ class KernelCall:
                 totals[i.engine] = totals.get(i.engine, 0.0) + seconds
             found = done[gen.name] = Estimate(gen.name, totals, len(self.instructions),
                                               self.sbuf_peak_bytes_per_partition, self.psum_peak_bytes_per_partition)
-        return dataclasses.replace(found, engine_seconds=dict(found.engine_seconds))
+        return Estimate(found.target, dict(found.engine_seconds), found.instructions,
+                        found.sbuf_peak_bytes_per_partition, found.psum_peak_bytes_per_partition)
 
 
 replay_report = _replay.replay_report

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -71,13 +72,17 @@ def usable() -> bool:
     mode) and no fused eager group (which fuses the interpreter's ops itself)."""
     if not enabled():
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if _get_current_dispatch_mode() is not None:
+    global _dispatch_mode, _eager_mode
+    if _dispatch_mode is None:  # (imported at the first call: every call asks)
+        from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+        from torchneuron.neuron.eager import get_eager_mode as _eager_mode
+    if _dispatch_mode() is not None:
         return False
-    from torchneuron.neuron.eager import get_eager_mode
+    return _eager_mode() == "op"
 
-    return get_eager_mode() == "op"
+
+_dispatch_mode: Optional[Callable] = None
+_eager_mode: Optional[Callable] = None
 
 
 def due(entry: "Entry") -> bool:
@@ -99,6 +104,7 @@ class Entry:
     compile_seconds: float = 0.0
     replays: int = 0
     interpreted_seconds: float = 0.0
+    ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # the compiled graph's ops, how many of each
     merges: int = 0  # groups of per-tile ATen calls run as one call each (batch())
     aten_calls: int = 0  # ATen calls kept out of Inductor in the compiled graph (nki_exact ops, stores included)
 
@@ -320,6 +326,7 @@ def prepare(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Tuple[fx.Grap
                 if isinstance(o, fx.Node):
                     hbm.update(_storages(values.get(o)))
     _stores_as_cat(gm, values, hbm)
+    _drop_unread_tiles(gm)
     for n in list(graph.nodes):
         if n.op == "call_function" and n.target is aten.copy_.default:
             dst = n.args[0]
@@ -522,7 +529,9 @@ def _stores_as_cat(gm: fx.GraphModule, values: Dict[fx.Node, Any], hbm: set) -> 
                 src = graph.call_function(aten.expand.default, (src, view_shape))
                 src = graph.call_function(aten.reshape.default, (src, [b1 - b0 for b0, b1 in box]))
                 tiles[box] = src
-            whole = _grid_cat(graph, tiles, shape, 0, ())
+            whole = _one_map(graph, cells, values, shape, value.dtype)
+            if whole is None:
+                whole = _grid_cat(graph, tiles, shape, 0, ())
             if whole is None:
                 continue
         for w in writes:
@@ -530,6 +539,96 @@ def _stores_as_cat(gm: fx.GraphModule, values: Dict[fx.Node, Any], hbm: set) -> 
         base.replace_all_uses_with(whole, delete_user_cb=lambda u: u.op == "output")
         values[whole] = value
     graph.eliminate_dead_code()
+
+
+# Elementwise ops a tile's value may be computed with for a whole map of its tiles (_one_map).
+_MAP_OPS = {
+    "add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp", "sqrt",
+    "rsqrt", "reciprocal", "relu", "sign", "floor", "ceil", "trunc", "_to_copy", "clone", "square", "pow",
+}
+
+
+def _one_map(graph: fx.Graph, cells: Dict[tuple, Any], values: Dict[fx.Node, Any], shape, dtype):
+    """An output written tile by tile where every tile is the same elementwise function of the same tiles of
+    the kernel's inputs (a tensor add in [128, 512] tiles): that function of the whole inputs, computed in
+    one pass into the output (the tiles' concatenation, nested per axis of the grid, copies each level).
+    None when the tiles differ in anything else than where they are."""
+    forms = []
+    for box, (w, dropped) in cells.items():
+        if dropped:
+            return None
+        form = _map_form(_copied_from(w.args[1], values), values, tuple(box))
+        if form is None:
+            return None
+        forms.append(form)
+    if any(f != forms[0] for f in forms[1:]):
+        return None
+    made: Dict[Any, fx.Node] = {}
+
+    def emit(form):
+        if form[0] == "input":
+            return form[1]
+        if form[0] == "const":
+            return form[1]
+        found = made.get(form)
+        if found is None:
+            _, target, args, kwargs = form
+            found = made[form] = graph.call_function(
+                target, tuple(emit(a) if isinstance(a, tuple) and a and a[0] in ("input", "op") else _unform(a)
+                              for a in args), dict((k, _unform(v)) for k, v in kwargs))
+        return found
+
+    whole = emit(forms[0])
+    first = next(iter(cells.values()))[0].args[1]
+    sv = values.get(_copied_from(first, values))
+    if isinstance(sv, torch.Tensor) and sv.dtype != dtype:
+        whole = graph.call_function(aten._to_copy.default, (whole,), {"dtype": dtype})
+    return whole
+
+
+def _unform(a):
+    return a[1] if isinstance(a, tuple) and a and a[0] == "const" else a
+
+
+def _map_form(n, values: Dict[fx.Node, Any], box: tuple):
+    """``n``'s computation with each input tile named by the input it is the ``box`` of, or None when it is not
+    an elementwise computation of such tiles (of ``box``'s shape) and constants."""
+    n = _copied_from(n, values) if isinstance(n, fx.Node) else n
+    if not isinstance(n, fx.Node):
+        if isinstance(n, (int, float, bool, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return ("const", n)
+        return None
+    v = values.get(n)
+    if not isinstance(v, torch.Tensor):
+        return None
+    size = tuple(b1 - b0 for b0, b1 in box)
+    if n.op == "call_function" and n.target in (aten.slice.Tensor, aten.select.int):
+        base = n
+        while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
+            base = base.args[0]
+        bv = values.get(base)
+        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or len(bv.shape) != len(box):
+            return None
+        region = _region(n, base, tuple(bv.shape))
+        if region is None or region[1] or tuple(region[0]) != box or tuple(v.shape) != size:
+            return None
+        return ("input", base)
+    if n.op != "call_function" or _base_name(n.target) not in _MAP_OPS or tuple(v.shape) != size:
+        return None
+    args = []
+    for a in n.args:
+        f = _map_form(a, values, box)
+        if f is None:
+            return None
+        args.append(f)
+    kwargs = []
+    for k, a in n.kwargs.items():
+        f = _map_form(a, values, box)
+        if f is None or f[0] != "const":
+            return None
+        kwargs.append((k, f))
+    return ("op", n.target, tuple(args), tuple(kwargs))
 
 
 def math_prod(xs) -> int:
@@ -724,9 +823,23 @@ def _batch_once(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> bool:
     return True
 
 
-def _written_through(n: fx.Node) -> bool:
-    """Whether a node writes into ``n``'s value (into it, or into a view of it)."""
+def _drop_unread_tiles(gm: fx.GraphModule) -> None:
+    """Writes into tiles nothing reads (left behind when the stores of an output no longer read them) go."""
+    graph = gm.graph
+    for n in reversed(list(graph.nodes)):
+        if n.op == "call_function" and n.target is aten.copy_.default and not n.users:
+            tile = n.args[0]
+            if isinstance(tile, fx.Node) and tile.op == "call_function" and \
+                    _base_name(tile.target) in ("empty", "empty_strided") and set(tile.users) == {n}:
+                graph.erase_node(n)
+    graph.eliminate_dead_code()
+
+
+def _written_through(n: fx.Node, skip: Optional[fx.Node] = None) -> bool:
+    """Whether a node (other than ``skip``) writes into ``n``'s value (into it, or into a view of it)."""
     for u in n.users:
+        if u is skip:
+            continue
         if any(a is n for a in _mutated_args(u)):
             return True
         if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and u.args and u.args[0] is n:
@@ -748,8 +861,7 @@ def _copied_from(n: fx.Node, values: Dict[fx.Node, Any]) -> fx.Node:
                   and u.args[0] is tile]
         if len(copies) != 1 or (n is not tile and copies[0] is not n):
             break
-        uses = [u for u in tile.users if u is not copies[0]] + list(copies[0].users)
-        if any(_writes(u) for u in uses):
+        if _written_through(tile, skip=copies[0]) or _written_through(copies[0]):
             break
         src = copies[0].args[1]
         sv, tv = values.get(src), values.get(tile)
@@ -909,6 +1021,10 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
                     log.info("nki %s: with its per-tile ATen calls merged %s; compiled again without", name, failure)
                 continue
             entry.merges, failure = merges, ""
+            entry.ops = {}
+            for n in graph_module.graph.nodes:
+                if n.op == "call_function":
+                    entry.ops[str(n.target)] = entry.ops.get(str(n.target), 0) + 1
             entry.aten_calls = sum(1 for n in graph_module.graph.nodes if n.op == "call_function"
                                    and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "nki_exact")
             break
