@@ -227,6 +227,10 @@ def test_replay_runs_each_per_tile_aten_op_once_for_all_tiles(monkeypatch):
     # softmax's exp and sum run as ATen's kernels (bit equality): one call each for the 4 tiles, not 4
     entry = _replayed(softmax, (torch.randn(512, 256).to("neuron"),), monkeypatch)
     assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+    # layernorm's two means: the first reads the input's rows in place (no stack), the second its squares
+    entry = _replayed(layernorm, (torch.randn(512, 256).to("neuron"), torch.randn(256).to("neuron"),
+                                  torch.randn(256).to("neuron")), monkeypatch)
+    assert entry.aten_calls == 2 and entry.ops.get("aten.stack.default") == 1, entry.ops
 
     @nki.jit
     def exp_exp(x):  # two ATen calls per tile, the second on the first's result

@@ -21,6 +21,9 @@ Before compiling, the graph is prepared so that its replay equals the interprete
   another) run as one call on the tiles stacked (:func:`batch`): one call instead of one per tile, each
   element computed by the same kernel; if that graph's first run differs, the graph without it is
   compiled and checked instead;
+* an output stored tile by tile is the concatenation of its tiles, or, when every tile is the same
+  elementwise function of the same tiles of the inputs, that function of the whole inputs
+  (:func:`_one_map`: one pass, no pieces to assemble);
 * the first compiled run is checked against the traced (interpreted) run, bit for bit; a kernel whose
   replay differs, whose control flow reads its data (``bool()`` or ``.item()`` of a value computed from
   its inputs, as ``nl.device_print`` does) or whose graph does not compile keeps the interpreter.
@@ -777,10 +780,18 @@ def _batch_once(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> bool:
     whole = (isinstance(bv, torch.Tensor) and bv.is_contiguous() and bv.shape[0] == k and all(
         i.op == "call_function" and i.target is aten.select.int and i.args[0] is base and i.args[1] == 0
         and i.args[2] == j for j, i in enumerate(sources)) and not _written_through(base))
+    block = None if whole else _row_block(sources, values)
     new: List[fx.Node] = []
     with graph.inserting_before(first):
-        stacked = base if whole else graph.call_function(aten.stack.default, (ins, 0))
-        if not whole:
+        if whole:
+            stacked = base
+        elif block is not None:  # consecutive row tiles of one input: a view of its rows, no copy
+            source, start, rows = block
+            part = graph.call_function(aten.slice.Tensor, (source, 0, start, start + k * rows))
+            stacked = graph.call_function(aten.view.default, (part, [k, rows] + list(values[source].shape[1:])))
+            new += [part, stacked]
+        else:
+            stacked = graph.call_function(aten.stack.default, (ins, 0))
             new.append(stacked)
         args, kwargs = list(first.args), dict(first.kwargs)
         args[0] = stacked
@@ -805,11 +816,11 @@ def _batch_once(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> bool:
         p = preds[n]
         deps[n] = (p - gone) | ({merged} if p & gone else set())
     before = set().union(*(preds[m] for m in members)) - gone
-    if not whole:
-        deps[stacked] = before | set(ins)
-        deps[merged] = {stacked} | before
-    else:
-        deps[merged] = {stacked} | before
+    for x in new:
+        if x is merged:
+            break
+        deps[x] = set(before)
+    deps[merged] = {stacked} | before
     for m, part in zip(members, parts):
         deps[part] = {merged}
         m.replace_all_uses_with(part)
@@ -821,6 +832,31 @@ def _batch_once(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> bool:
     _reorder(graph, deps, index)
     graph.lint()
     return True
+
+
+def _row_block(sources: List[fx.Node], values: Dict[fx.Node, Any]) -> Optional[Tuple[fx.Node, int, int]]:
+    """For tiles that are consecutive blocks of rows, whole rows, of one contiguous input nothing writes (the
+    loads of a loop over row tiles, read in place): (the input, its first row, rows per tile); else None."""
+    found = []
+    for src in sources:
+        base = src
+        while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
+            base = base.args[0]
+        bv = values.get(base)
+        if base is src or base.op != "placeholder" or not isinstance(bv, torch.Tensor) or not bv.is_contiguous():
+            return None
+        region = _region(src, base, tuple(bv.shape))
+        if region is None or region[1] or any(box != (0, size) for box, size in zip(region[0][1:], bv.shape[1:])):
+            return None
+        found.append((base, region[0][0]))
+    base, (start, end) = found[0]
+    rows = end - start
+    if rows <= 0 or _written_through(base):
+        return None
+    for j, (b, (lo, hi)) in enumerate(found):
+        if b is not base or lo != start + j * rows or hi != lo + rows:
+            return None
+    return base, start, rows
 
 
 def _drop_unread_tiles(gm: fx.GraphModule) -> None:
