@@ -282,3 +282,17 @@ def test_replay_computes_a_tiled_elementwise_map_in_one_pass(monkeypatch):
     entry = _replayed(shifted, (a, b), monkeypatch)
     assert entry.ops.get("aten.add.Tensor") == 2 and entry.ops.get("aten.cat.default") == 1, entry.ops
     torch.testing.assert_close(shifted(a, b).cpu(), a.cpu() + b.cpu().roll(-128, 0), rtol=0, atol=0)
+
+    @nki.jit
+    def left_half(a_input):  # tiles of a wider input: the map of the whole input would not be the output
+        out = nl.ndarray((a_input.shape[0], a_input.shape[1] // 2), dtype=a_input.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(a_input.shape[0] // 128):
+            for j in nl.affine_range(a_input.shape[1] // 1024):
+                x = nl.load(a_input[i * 128:(i + 1) * 128, j * 512:(j + 1) * 512])
+                nl.store(out[i * 128:(i + 1) * 128, j * 512:(j + 1) * 512], value=nl.multiply(x, 2.0))
+        return out
+
+    wide = torch.randn(256, 2048).to("neuron")
+    entry = _replayed(left_half, (wide,), monkeypatch)
+    assert entry.ops.get("aten.mul.Tensor") == 4, entry.ops
+    torch.testing.assert_close(left_half(wide).cpu(), wide.cpu()[:, :1024] * 2.0, rtol=0, atol=0)

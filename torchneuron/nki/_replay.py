@@ -561,7 +561,7 @@ def _one_map(graph: fx.Graph, cells: Dict[tuple, Any], values: Dict[fx.Node, Any
     for box, (w, dropped) in cells.items():
         if dropped:
             return None
-        form = _map_form(_copied_from(w.args[1], values), values, tuple(box))
+        form = _map_form(_copied_from(w.args[1], values), values, tuple(box), tuple(shape))
         if form is None:
             return None
         forms.append(form)
@@ -594,9 +594,9 @@ def _unform(a):
     return a[1] if isinstance(a, tuple) and a and a[0] == "const" else a
 
 
-def _map_form(n, values: Dict[fx.Node, Any], box: tuple):
-    """``n``'s computation with each input tile named by the input it is the ``box`` of, or None when it is not
-    an elementwise computation of such tiles (of ``box``'s shape) and constants."""
+def _map_form(n, values: Dict[fx.Node, Any], box: tuple, full: tuple):
+    """``n``'s computation with each input tile named by the input (of the output's shape, ``full``) it is the
+    ``box`` of, or None when it is not an elementwise computation of such tiles and constants."""
     n = _copied_from(n, values) if isinstance(n, fx.Node) else n
     if not isinstance(n, fx.Node):
         if isinstance(n, (int, float, bool, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
@@ -611,7 +611,7 @@ def _map_form(n, values: Dict[fx.Node, Any], box: tuple):
         while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
             base = base.args[0]
         bv = values.get(base)
-        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or len(bv.shape) != len(box):
+        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or tuple(bv.shape) != full:
             return None
         region = _region(n, base, tuple(bv.shape))
         if region is None or region[1] or tuple(region[0]) != box or tuple(v.shape) != size:
@@ -621,13 +621,13 @@ def _map_form(n, values: Dict[fx.Node, Any], box: tuple):
         return None
     args = []
     for a in n.args:
-        f = _map_form(a, values, box)
+        f = _map_form(a, values, box, full)
         if f is None:
             return None
         args.append(f)
     kwargs = []
     for k, a in n.kwargs.items():
-        f = _map_form(a, values, box)
+        f = _map_form(a, values, box, full)
         if f is None or f[0] != "const":
             return None
         kwargs.append((k, f))
