@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import logging
 import os
 import time
@@ -611,7 +610,8 @@ def _map_form(n, values: Dict[fx.Node, Any], box: tuple, full: tuple):
         while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
             base = base.args[0]
         bv = values.get(base)
-        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or tuple(bv.shape) != full:
+        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or tuple(bv.shape) != full \
+                or _written_through(base):  # (an input the kernel writes is read as it is at each load)
             return None
         region = _region(n, base, tuple(bv.shape))
         if region is None or region[1] or tuple(region[0]) != box or tuple(v.shape) != size:
