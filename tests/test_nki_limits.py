@@ -204,3 +204,95 @@ def test_data_dependent_control_flow_keeps_the_interpreter(monkeypatch):
     y = x.abs() * (1 if x.cpu()[0].sum() <= 0 else -1)  # the other branch now
     want = y * 2.0 if float(y.cpu()[0].sum()) > 0 else y * -1.0
     torch.testing.assert_close(positive_or_negative(y).cpu(), want.cpu())
+
+
+def _replayed(kernel, args, monkeypatch):
+    """The kernel called three times under early replay (interpreted, traced and compiled, replayed): its
+    entry, checked to replay bit for bit what the interpreter computes on new data."""
+    table = _replay.entries(kernel.fn)
+    table.clear()
+    monkeypatch.setenv("TORCHNEURON_NKI_REPLAY", "early")
+    for _ in range(3):
+        kernel(*args)
+    (entry,) = table.values()
+    assert entry.runner is not None, entry.reason
+    fresh = tuple(torch.randn(a.shape).to("neuron") if isinstance(a, torch.Tensor) else a for a in args)
+    replayed = kernel(*fresh)
+    monkeypatch.setenv("TORCHNEURON_NKI_REPLAY", "0")
+    _bit_equal(replayed, kernel(*fresh))
+    return entry
+
+
+def test_replay_runs_each_per_tile_aten_op_once_for_all_tiles(monkeypatch):
+    # softmax's exp and sum run as ATen's kernels (bit equality): one call each for the 4 tiles, not 4
+    entry = _replayed(softmax, (torch.randn(512, 256).to("neuron"),), monkeypatch)
+    assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+    # layernorm's two means: the first reads the input's rows in place (no stack), the second its squares
+    entry = _replayed(layernorm, (torch.randn(512, 256).to("neuron"), torch.randn(256).to("neuron"),
+                                  torch.randn(256).to("neuron")), monkeypatch)
+    assert entry.aten_calls == 2 and entry.ops.get("aten.stack.default") == 1, entry.ops
+
+    @nki.jit
+    def exp_exp(x):  # two ATen calls per tile, the second on the first's result
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(x.shape[0] // 128):
+            t = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(nl.multiply(nl.exp(t), 0.5)))
+        return out
+
+    entry = _replayed(exp_exp, (torch.randn(384, 64).to("neuron"),), monkeypatch)
+    assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+
+
+def test_replay_keeps_apart_the_tiles_that_reuse_one_buffer(monkeypatch):
+    @nki.jit
+    def reused(x):  # one SBUF tile written by every iteration: each exp must read it before the next load
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
+        for i in nl.sequential_range(x.shape[0] // 128):
+            buf[...] = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(buf))
+        return out
+
+    x = torch.randn(384, 64).to("neuron")
+    entry = _replayed(reused, (x,), monkeypatch)
+    assert entry.merges == 0 and entry.aten_calls >= 3, (entry.merges, entry.aten_calls)
+    torch.testing.assert_close(reused(x).cpu(), x.cpu().exp(), rtol=0, atol=0)
+
+
+def test_replay_computes_a_tiled_elementwise_map_in_one_pass(monkeypatch):
+    # tensor_add stores [128, 512] tiles along both axes, each the same add of the same tiles of a and b:
+    # the replay is that add of the whole tensors, written once into the output (no per-tile pieces, no
+    # concatenation copying them)
+    a, b = torch.randn(256, 1024).to("neuron"), torch.randn(256, 1024).to("neuron")
+    entry = _replayed(tensor_add, (a, b), monkeypatch)
+    assert entry.ops == {"aten.add.Tensor": 1}, entry.ops
+
+    @nki.jit
+    def shifted(a_input, b_input):  # each tile adds a's tile to b's next one: not one map of whole tensors
+        out = nl.ndarray(a_input.shape, dtype=a_input.dtype, buffer=nl.shared_hbm)
+        n = a_input.shape[0] // 128
+        for i in nl.affine_range(n):
+            j = (i + 1) % n
+            x = nl.load(a_input[i * 128:(i + 1) * 128, :])
+            y = nl.load(b_input[j * 128:(j + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.add(x, y))
+        return out
+
+    entry = _replayed(shifted, (a, b), monkeypatch)
+    assert entry.ops.get("aten.add.Tensor") == 2 and entry.ops.get("aten.cat.default") == 1, entry.ops
+    torch.testing.assert_close(shifted(a, b).cpu(), a.cpu() + b.cpu().roll(-128, 0), rtol=0, atol=0)
+
+    @nki.jit
+    def left_half(a_input):  # tiles of a wider input: the map of the whole input would not be the output
+        out = nl.ndarray((a_input.shape[0], a_input.shape[1] // 2), dtype=a_input.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(a_input.shape[0] // 128):
+            for j in nl.affine_range(a_input.shape[1] // 1024):
+                x = nl.load(a_input[i * 128:(i + 1) * 128, j * 512:(j + 1) * 512])
+                nl.store(out[i * 128:(i + 1) * 128, j * 512:(j + 1) * 512], value=nl.multiply(x, 2.0))
+        return out
+
+    wide = torch.randn(256, 2048).to("neuron")
+    entry = _replayed(left_half, (wide,), monkeypatch)
+    assert entry.ops.get("aten.mul.Tensor") == 4, entry.ops
+    torch.testing.assert_close(left_half(wide).cpu(), wide.cpu()[:, :1024] * 2.0, rtol=0, atol=0)

@@ -14,9 +14,16 @@ Before compiling, the graph is prepared so that its replay equals the interprete
 * what does not depend on the kernel's inputs (index expressions, masks, gather indices) is computed
   once and kept as constants; a boolean-mask index becomes the integer indices it selects;
 * ops whose result Inductor would compute differently from ATen's kernel (reductions, whose order of
-  additions differs, transcendentals other than exp, division by a constant, which Inductor turns into
-  a multiplication by the reciprocal, matrix products) run as ATen's own kernels inside the graph
-  (custom ops Inductor cannot look into); additions, products, copies and the like are fused;
+  additions differs, transcendentals including exp, matrix products) run as ATen's own kernels inside
+  the graph (custom ops Inductor cannot look into); additions, products, divisions (neuron's Inductor
+  keeps a division by a constant a division), copies and the like are fused;
+* the ATen calls a loop makes once per tile (the same op on tiles of the same layout, none depending on
+  another) run as one call on the tiles stacked (:func:`batch`): one call instead of one per tile, each
+  element computed by the same kernel; if that graph's first run differs, the graph without it is
+  compiled and checked instead;
+* an output stored tile by tile is the concatenation of its tiles, or, when every tile is the same
+  elementwise function of the same tiles of the inputs, that function of the whole inputs
+  (:func:`_one_map`: one pass, no pieces to assemble);
 * the first compiled run is checked against the traced (interpreted) run, bit for bit; a kernel whose
   replay differs, whose control flow reads its data (``bool()`` or ``.item()`` of a value computed from
   its inputs, as ``nl.device_print`` does) or whose graph does not compile keeps the interpreter.
@@ -27,6 +34,7 @@ each kernel and shape does.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -66,13 +74,17 @@ def usable() -> bool:
     mode) and no fused eager group (which fuses the interpreter's ops itself)."""
     if not enabled():
         return False
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if _get_current_dispatch_mode() is not None:
+    global _dispatch_mode, _eager_mode
+    if _dispatch_mode is None:  # (imported at the first call: every call asks)
+        from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+        from torchneuron.neuron.eager import get_eager_mode as _eager_mode
+    if _dispatch_mode() is not None:
         return False
-    from torchneuron.neuron.eager import get_eager_mode
+    return _eager_mode() == "op"
 
-    return get_eager_mode() == "op"
+
+_dispatch_mode: Optional[Callable] = None
+_eager_mode: Optional[Callable] = None
 
 
 def due(entry: "Entry") -> bool:
@@ -94,6 +106,9 @@ class Entry:
     compile_seconds: float = 0.0
     replays: int = 0
     interpreted_seconds: float = 0.0
+    ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # the compiled graph's ops, how many of each
+    merges: int = 0  # groups of per-tile ATen calls run as one call each (batch())
+    aten_calls: int = 0  # ATen calls kept out of Inductor in the compiled graph (nki_exact ops, stores included)
 
 
 _SIMPLE = (int, float, bool, str, type(None), torch.dtype)
@@ -149,8 +164,9 @@ _FUSED = {
     "amax", "amin", "sqrt", "rsqrt", "reciprocal", "square", "relu", "sign", "floor", "ceil", "trunc",
     "mm", "bmm", "_local_scalar_dense",
 }
-# Division by a constant: Inductor multiplies by the reciprocal on non-CPU devices (not ATen's rounding).
-_DIV = {"div"}
+# Division, also by a constant: neuron's Inductor keeps a division a division, as on the CPU (not a
+# multiplication by the reciprocal: torchneuron.compile.inductor._get_constant_value).
+_FUSED.add("div")
 
 _LIB: Optional[torch.library.Library] = None
 _OPAQUE: Dict[Any, Any] = {}
@@ -312,6 +328,7 @@ def prepare(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Tuple[fx.Grap
                 if isinstance(o, fx.Node):
                     hbm.update(_storages(values.get(o)))
     _stores_as_cat(gm, values, hbm)
+    _drop_unread_tiles(gm)
     for n in list(graph.nodes):
         if n.op == "call_function" and n.target is aten.copy_.default:
             dst = n.args[0]
@@ -329,10 +346,6 @@ def prepare(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Tuple[fx.Grap
             continue
         if n.target is aten.pow.Tensor_Scalar and len(n.args) > 1 and n.args[1] == 2:
             continue  # x * x in both
-        if name in _DIV and len(n.args) > 1 and isinstance(n.args[1], fx.Node):
-            v = values.get(n.args[1])
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                continue  # tile / tile: Inductor divides
         if _mutated_args(n):
             if name == "addmm_" or name.endswith("_"):
                 functional = getattr(aten, name.rstrip("_"), None)
@@ -518,7 +531,9 @@ def _stores_as_cat(gm: fx.GraphModule, values: Dict[fx.Node, Any], hbm: set) -> 
                 src = graph.call_function(aten.expand.default, (src, view_shape))
                 src = graph.call_function(aten.reshape.default, (src, [b1 - b0 for b0, b1 in box]))
                 tiles[box] = src
-            whole = _grid_cat(graph, tiles, shape, 0, ())
+            whole = _one_map(graph, cells, values, shape, value.dtype)
+            if whole is None:
+                whole = _grid_cat(graph, tiles, shape, 0, ())
             if whole is None:
                 continue
         for w in writes:
@@ -528,11 +543,417 @@ def _stores_as_cat(gm: fx.GraphModule, values: Dict[fx.Node, Any], hbm: set) -> 
     graph.eliminate_dead_code()
 
 
+# Elementwise ops a tile's value may be computed with for a whole map of its tiles (_one_map).
+_MAP_OPS = {
+    "add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp", "sqrt",
+    "rsqrt", "reciprocal", "relu", "sign", "floor", "ceil", "trunc", "_to_copy", "clone", "square", "pow",
+}
+
+
+def _one_map(graph: fx.Graph, cells: Dict[tuple, Any], values: Dict[fx.Node, Any], shape, dtype):
+    """An output written tile by tile where every tile is the same elementwise function of the same tiles of
+    the kernel's inputs (a tensor add in [128, 512] tiles): that function of the whole inputs, computed in
+    one pass into the output (the tiles' concatenation, nested per axis of the grid, copies each level).
+    None when the tiles differ in anything else than where they are."""
+    forms = []
+    for box, (w, dropped) in cells.items():
+        if dropped:
+            return None
+        form = _map_form(_copied_from(w.args[1], values), values, tuple(box), tuple(shape))
+        if form is None:
+            return None
+        forms.append(form)
+    if any(f != forms[0] for f in forms[1:]):
+        return None
+    made: Dict[Any, fx.Node] = {}
+
+    def emit(form):
+        if form[0] == "input":
+            return form[1]
+        if form[0] == "const":
+            return form[1]
+        found = made.get(form)
+        if found is None:
+            _, target, args, kwargs = form
+            found = made[form] = graph.call_function(
+                target, tuple(emit(a) if isinstance(a, tuple) and a and a[0] in ("input", "op") else _unform(a)
+                              for a in args), dict((k, _unform(v)) for k, v in kwargs))
+        return found
+
+    whole = emit(forms[0])
+    first = next(iter(cells.values()))[0].args[1]
+    sv = values.get(_copied_from(first, values))
+    if isinstance(sv, torch.Tensor) and sv.dtype != dtype:
+        whole = graph.call_function(aten._to_copy.default, (whole,), {"dtype": dtype})
+    return whole
+
+
+def _unform(a):
+    return a[1] if isinstance(a, tuple) and a and a[0] == "const" else a
+
+
+def _map_form(n, values: Dict[fx.Node, Any], box: tuple, full: tuple):
+    """``n``'s computation with each input tile named by the input (of the output's shape, ``full``) it is the
+    ``box`` of, or None when it is not an elementwise computation of such tiles and constants."""
+    n = _copied_from(n, values) if isinstance(n, fx.Node) else n
+    if not isinstance(n, fx.Node):
+        if isinstance(n, (int, float, bool, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return ("const", n)
+        return None
+    v = values.get(n)
+    if not isinstance(v, torch.Tensor):
+        return None
+    size = tuple(b1 - b0 for b0, b1 in box)
+    if n.op == "call_function" and n.target in (aten.slice.Tensor, aten.select.int):
+        base = n
+        while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
+            base = base.args[0]
+        bv = values.get(base)
+        if base.op != "placeholder" or not isinstance(bv, torch.Tensor) or tuple(bv.shape) != full \
+                or _written_through(base):  # (an input the kernel writes is read as it is at each load)
+            return None
+        region = _region(n, base, tuple(bv.shape))
+        if region is None or region[1] or tuple(region[0]) != box or tuple(v.shape) != size:
+            return None
+        return ("input", base)
+    if n.op != "call_function" or _base_name(n.target) not in _MAP_OPS or tuple(v.shape) != size:
+        return None
+    args = []
+    for a in n.args:
+        f = _map_form(a, values, box, full)
+        if f is None:
+            return None
+        args.append(f)
+    kwargs = []
+    for k, a in n.kwargs.items():
+        f = _map_form(a, values, box, full)
+        if f is None or f[0] != "const":
+            return None
+        kwargs.append((k, f))
+    return ("op", n.target, tuple(args), tuple(kwargs))
+
+
 def math_prod(xs) -> int:
     out = 1
     for x in xs:
         out *= x
     return out
+
+
+# ---- one ATen call for the same op on every tile ------------------------------------------------------
+
+# Ops kept as ATen's kernels (opaque) that compute each element from the element at the same place: a batch
+# of tiles stacked along a new first axis gives each tile's elements as its own call does.
+_BATCH_ELEMENTWISE = {
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "sin", "cos", "tan", "asin",
+    "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "gelu", "silu",
+    "softplus", "mish", "elu", "logit", "pow", "div", "mul", "add", "sub", "round", "frac", "remainder",
+    "fmod", "sqrt", "rsqrt", "reciprocal", "neg", "abs", "sign", "floor_divide", "hardsigmoid", "hardswish",
+}
+# Ops kept as ATen's kernels that work along their ``dim`` argument: stacked, the same op along dim + 1.
+_BATCH_ALONG_DIM = {
+    "sum", "mean", "prod", "amax", "amin", "var", "std", "logsumexp", "norm", "cumsum", "cumprod", "softmax",
+    "_softmax", "log_softmax", "_log_softmax", "argmax", "argmin", "nansum",
+}
+
+
+def _dependencies(gm: fx.GraphModule, values: Dict[fx.Node, Any]) -> Dict[fx.Node, set]:
+    """Each node's predecessors: its inputs, and the nodes that must stay before it in memory order (the
+    last writer of memory it reads or writes; the readers since then of memory it writes)."""
+    preds: Dict[fx.Node, set] = {}
+    last_writer: Dict[int, fx.Node] = {}
+    readers: Dict[int, List[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        p = set(n.all_input_nodes)
+        written = set()
+        for a in _mutated_args(n):
+            if isinstance(a, fx.Node):
+                written.update(_storages(values.get(a)))
+        read = set()
+        for a in n.all_input_nodes:
+            read.update(_storages(values.get(a)))
+        for s in read | written:
+            w = last_writer.get(s)
+            if w is not None:
+                p.add(w)
+        for s in written:
+            p.update(readers.get(s, ()))
+            last_writer[s], readers[s] = n, []
+        for s in read - written:
+            readers.setdefault(s, []).append(n)
+        p.discard(n)
+        preds[n] = p
+    return preds
+
+
+def _dim_arg(n: fx.Node) -> Tuple[Optional[int], Optional[str], Any]:
+    """The position or keyword of ``n``'s ``dim`` argument and its value ((None, None, None) if none)."""
+    for i, a in enumerate(n.target._schema.arguments):
+        if a.name == "dim":
+            if a.name in n.kwargs:
+                return None, a.name, n.kwargs[a.name]
+            if i < len(n.args) and not a.kwarg_only:
+                return i, None, n.args[i]
+            return None, None, a.default_value if a.has_default_value() else None
+    return None, None, None
+
+
+def _batch_key(n: fx.Node, values: Dict[fx.Node, Any]) -> Optional[tuple]:
+    """What must be equal for ATen calls to run as one (op, the tile's layout, the other arguments), or None
+    when ``n`` cannot be batched."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) \
+            or n.target.namespace != "nki_exact" or not n.args or not isinstance(n.args[0], fx.Node):
+        return None
+    rest = list(n.args[1:]) + list(n.kwargs.values())
+    if any(isinstance(a, fx.Node) for a in pytree.tree_leaves(rest)):
+        return None
+    name = n.target._schema.name.split("::")[-1].split("__")[0]
+    v, out = values.get(n.args[0]), values.get(n)
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor)) or not v.is_contiguous():
+        return None
+    if name in _BATCH_ALONG_DIM:
+        dim = _dim_arg(n)[2]
+        if dim is None or (isinstance(dim, (list, tuple)) and not dim):  # over every element
+            return None
+    elif name not in _BATCH_ELEMENTWISE or out.shape != v.shape:
+        return None
+    return (n.target, tuple(v.shape), v.dtype, v.device, repr(rest))
+
+
+def _shifted(dim):
+    if isinstance(dim, (list, tuple)):
+        return type(dim)(_shifted(d) for d in dim)
+    return dim + 1 if dim >= 0 else dim
+
+
+def _batch_once(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> bool:
+    """Merge one group of independent ATen calls of the same op and layout (one per tile of a loop) into one
+    call on their stacked tiles; the graph reordered to the merged call's place. False: nothing to merge."""
+    values = _values(gm, inputs)
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    groups: Dict[tuple, List[fx.Node]] = {}
+    for n in nodes:
+        k = _batch_key(n, values)
+        if k is not None:
+            groups.setdefault(k, []).append(n)
+    candidates = [g for g in groups.values() if len(g) > 1]
+    if not candidates:
+        return False
+    preds = _dependencies(gm, values)
+    succs: Dict[fx.Node, List[fx.Node]] = {n: [] for n in nodes}
+    for n, ps in preds.items():
+        for p in ps:
+            succs[p].append(n)
+
+    def descendants(n):
+        seen, todo = set(), [n]
+        while todo:
+            for s in succs[todo.pop()]:
+                if s not in seen:
+                    seen.add(s)
+                    todo.append(s)
+        return seen
+
+    members: List[fx.Node] = []
+    for group in candidates:
+        below = {n: descendants(n) for n in group}
+        chosen = []
+        for n in group:  # members none of which depends on another
+            if all(n not in below[c] and c not in below[n] for c in chosen):
+                chosen.append(n)
+        if len(chosen) > 1:
+            members = chosen
+            break
+    if not members:
+        return False
+    order = {n: i for i, n in enumerate(nodes)}
+    k = len(members)
+    first = members[0]
+    ins = [m.args[0] for m in members]
+    # Tiles that are the parts of an earlier merged call, in order (copied whole into tiles of their own or
+    # not): that call's result is their stack already.
+    sources = [_copied_from(i, values) for i in ins]
+    base = sources[0].args[0] if sources[0].op == "call_function" and sources[0].target is aten.select.int else None
+    bv = values.get(base) if base is not None else None
+    whole = (isinstance(bv, torch.Tensor) and bv.is_contiguous() and bv.shape[0] == k and all(
+        i.op == "call_function" and i.target is aten.select.int and i.args[0] is base and i.args[1] == 0
+        and i.args[2] == j for j, i in enumerate(sources)) and not _written_through(base))
+    block = None if whole else _row_block(sources, values)
+    new: List[fx.Node] = []
+    with graph.inserting_before(first):
+        if whole:
+            stacked = base
+        elif block is not None:  # consecutive row tiles of one input: a view of its rows, no copy
+            source, start, rows = block
+            part = graph.call_function(aten.slice.Tensor, (source, 0, start, start + k * rows))
+            stacked = graph.call_function(aten.view.default, (part, [k, rows] + list(values[source].shape[1:])))
+            new += [part, stacked]
+        else:
+            stacked = graph.call_function(aten.stack.default, (ins, 0))
+            new.append(stacked)
+        args, kwargs = list(first.args), dict(first.kwargs)
+        args[0] = stacked
+        if _dim_arg(first)[2] is not None and _base_name_of(first) in _BATCH_ALONG_DIM:
+            pos, kw, dim = _dim_arg(first)
+            if pos is not None:
+                args[pos] = _shifted(dim)
+            else:
+                kwargs[kw or "dim"] = _shifted(dim)
+        merged = graph.call_function(first.target, tuple(args), kwargs)
+        parts = [graph.call_function(aten.select.int, (merged, 0, j)) for j in range(k)]
+    new += [merged] + parts
+    # The order: every node after what it depends on; the merged call as early as it can run.
+    index = dict(order)
+    for j, x in enumerate(new):
+        index[x] = order[first] - 1 + (j + 1) / (len(new) + 1)
+    deps: Dict[fx.Node, set] = {}
+    gone = set(members)
+    for n in nodes:
+        if n in gone:
+            continue
+        p = preds[n]
+        deps[n] = (p - gone) | ({merged} if p & gone else set())
+    before = set().union(*(preds[m] for m in members)) - gone
+    for x in new:
+        if x is merged:
+            break
+        deps[x] = set(before)
+    deps[merged] = {stacked} | before
+    for m, part in zip(members, parts):
+        deps[part] = {merged}
+        m.replace_all_uses_with(part)
+    for n in list(deps):
+        deps[n] |= set(n.all_input_nodes)
+        deps[n].discard(n)
+    for m in members:
+        graph.erase_node(m)
+    _reorder(graph, deps, index)
+    graph.lint()
+    return True
+
+
+def _row_block(sources: List[fx.Node], values: Dict[fx.Node, Any]) -> Optional[Tuple[fx.Node, int, int]]:
+    """For tiles that are consecutive blocks of rows, whole rows, of one contiguous input nothing writes (the
+    loads of a loop over row tiles, read in place): (the input, its first row, rows per tile); else None."""
+    found = []
+    for src in sources:
+        base = src
+        while base.op == "call_function" and base.target in (aten.slice.Tensor, aten.select.int):
+            base = base.args[0]
+        bv = values.get(base)
+        if base is src or base.op != "placeholder" or not isinstance(bv, torch.Tensor) or not bv.is_contiguous():
+            return None
+        region = _region(src, base, tuple(bv.shape))
+        if region is None or region[1] or any(box != (0, size) for box, size in zip(region[0][1:], bv.shape[1:])):
+            return None
+        found.append((base, region[0][0]))
+    base, (start, end) = found[0]
+    rows = end - start
+    if rows <= 0 or _written_through(base):
+        return None
+    for j, (b, (lo, hi)) in enumerate(found):
+        if b is not base or lo != start + j * rows or hi != lo + rows:
+            return None
+    return base, start, rows
+
+
+def _drop_unread_tiles(gm: fx.GraphModule) -> None:
+    """Writes into tiles nothing reads (left behind when the stores of an output no longer read them) go."""
+    graph = gm.graph
+    for n in reversed(list(graph.nodes)):
+        if n.op == "call_function" and n.target is aten.copy_.default and not n.users:
+            tile = n.args[0]
+            if isinstance(tile, fx.Node) and tile.op == "call_function" and \
+                    _base_name(tile.target) in ("empty", "empty_strided") and set(tile.users) == {n}:
+                graph.erase_node(n)
+    graph.eliminate_dead_code()
+
+
+def _written_through(n: fx.Node, skip: Optional[fx.Node] = None) -> bool:
+    """Whether a node (other than ``skip``) writes into ``n``'s value (into it, or into a view of it)."""
+    for u in n.users:
+        if u is skip:
+            continue
+        if any(a is n for a in _mutated_args(u)):
+            return True
+        if u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) and u.args and u.args[0] is n:
+            returns = u.target._schema.returns
+            if returns and returns[0].alias_info is not None and _written_through(u):
+                return True
+    return False
+
+
+def _copied_from(n: fx.Node, values: Dict[fx.Node, Any]) -> fx.Node:
+    """What tile ``n`` holds: for a tile (or the copy_ that wrote it) written once, whole, by a copy of another
+    value of its shape and dtype and never written otherwise, that value (looked through again); else ``n``."""
+    while n.op == "call_function":
+        tile = n.args[0] if n.target is aten.copy_.default else n
+        if not (isinstance(tile, fx.Node) and tile.op == "call_function"
+                and _base_name(tile.target) in ("empty", "empty_strided")):
+            break
+        copies = [u for u in tile.users if u.op == "call_function" and u.target is aten.copy_.default
+                  and u.args[0] is tile]
+        if len(copies) != 1 or (n is not tile and copies[0] is not n):
+            break
+        if _written_through(tile, skip=copies[0]) or _written_through(copies[0]):
+            break
+        src = copies[0].args[1]
+        sv, tv = values.get(src), values.get(tile)
+        if not (isinstance(src, fx.Node) and isinstance(sv, torch.Tensor) and isinstance(tv, torch.Tensor)) \
+                or sv.shape != tv.shape or sv.dtype != tv.dtype:
+            break
+        n = src
+    return n
+
+
+def _base_name_of(n: fx.Node) -> str:
+    return n.target._schema.name.split("::")[-1].split("__")[0]
+
+
+def _reorder(graph: fx.Graph, deps: Dict[fx.Node, set], index: Dict[fx.Node, float]) -> None:
+    """Put the graph's nodes in an order where each follows its ``deps``, the earliest-placed ready node first."""
+    import heapq
+
+    output = graph.output_node()
+    waiting = {n: len(d) for n, d in deps.items() if n is not output}
+    users: Dict[fx.Node, List[fx.Node]] = {}
+    for n, d in deps.items():
+        if n is output:
+            continue
+        for p in d:
+            users.setdefault(p, []).append(n)
+    ready = [(index[n], id(n), n) for n, c in waiting.items() if c == 0]
+    heapq.heapify(ready)
+    out: List[fx.Node] = []
+    while ready:
+        _, _, n = heapq.heappop(ready)
+        out.append(n)
+        for u in users.get(n, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (index[u], id(u), u))
+    if len(out) != len(waiting):
+        raise RuntimeError("nki replay: batching made a cycle")
+    for n in out:
+        output.prepend(n)
+
+
+def batch(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], limit: int = 64) -> int:
+    """Merge the prepared graph's per-tile ATen calls (the same op on tiles of the same layout, independent of
+    each other, as the iterations of an ``nl.affine_range`` loop are) into one call each, on the tiles stacked:
+    one call instead of one per tile. Returns the number of merges. Whether each merged call gives every
+    element as the calls it replaces did is checked with the rest of the graph, by the first compiled run."""
+    merges = 0
+    while merges < limit and _batch_once(gm, inputs):
+        merges += 1
+    if merges:
+        graph = gm.graph
+        graph.eliminate_dead_code()
+        graph.lint()
+        gm.recompile()
+    return merges
 
 
 # ---- tracing and compiling ------------------------------------------------------------------------------
@@ -605,17 +1026,47 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
             entry.interpret, entry.reason = True, reason
             log.info("nki %s: replay keeps the interpreter: %s", name, reason)
             return rebuild(interpreted, tensors), call
-        compiled = _compile(prepared, tensors)
+        # The per-tile ATen calls merged (batch()) first; if that graph differs or fails, the one without.
+        attempts = []
+        batched = copy.deepcopy(prepared)
+        try:
+            merges = batch(batched, before)
+        except Exception as e:  # noqa: BLE001  (a graph batch() cannot reorder: compiled as prepared)
+            log.info("nki %s: the per-tile ATen calls stay apart (%s: %s)", name, type(e).__name__, e)
+            merges = 0
+        if merges:
+            attempts.append((batched, merges))
+        attempts.append((prepared, 0))
+        failure = ""
+        for graph_module, merges in attempts:
+            try:
+                compiled = _compile(graph_module, tensors)
+            except Exception as e:  # noqa: BLE001  (any compile failure: the next attempt, or the interpreter)
+                failure = f"its graph did not compile ({type(e).__name__}: {e})"
+                continue
+            # The check: the compiled graph, on the inputs as they were, against the interpreted run.
+            ins = [t.clone() for t in before]
+            with _NoGrad():
+                outs = compiled(*ins)
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            bad = [i for i, (a, b) in enumerate(zip(outs, interpreted)) if not same_bits(a, b)]
+            bad += [f"argument {i}" for i, (a, b) in enumerate(zip(ins, after)) if not same_bits(a, b)]
+            if bad or len(outs) != len(interpreted):
+                failure = f"its compiled graph differs from the interpreter (outputs {bad})"
+                if merges:
+                    log.info("nki %s: with its per-tile ATen calls merged %s; compiled again without", name, failure)
+                continue
+            entry.merges, failure = merges, ""
+            entry.ops = {}
+            for n in graph_module.graph.nodes:
+                if n.op == "call_function":
+                    entry.ops[str(n.target)] = entry.ops.get(str(n.target), 0) + 1
+            entry.aten_calls = sum(1 for n in graph_module.graph.nodes if n.op == "call_function"
+                                   and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "nki_exact")
+            break
         entry.compile_seconds = time.perf_counter() - start
-        # The check: the compiled graph, on the inputs as they were, against the interpreted run.
-        ins = [t.clone() for t in before]
-        with _NoGrad():
-            outs = compiled(*ins)
-        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        bad = [i for i, (a, b) in enumerate(zip(outs, interpreted)) if not same_bits(a, b)]
-        bad += [f"argument {i}" for i, (a, b) in enumerate(zip(ins, after)) if not same_bits(a, b)]
-        if bad or len(outs) != len(interpreted):
-            entry.interpret, entry.reason = True, f"its compiled graph differs from the interpreter (outputs {bad})"
+        if failure:
+            entry.interpret, entry.reason = True, failure
             log.info("nki %s: replay keeps the interpreter: %s", name, entry.reason)
             return rebuild(interpreted, tensors), call
     except Exception as e:  # noqa: BLE001  (any compile failure: the interpreter stays)
@@ -655,7 +1106,8 @@ class ReplayReport:
     def __str__(self) -> str:
         lines = [f"nki replay: {len(self.rows)} kernel shapes"]
         for name, e in self.rows:
-            how = (f"replayed {e.replays} times (compiled in {e.compile_seconds:.1f} s)" if e.runner is not None
+            how = (f"replayed {e.replays} times (compiled in {e.compile_seconds:.1f} s, {e.aten_calls} ATen calls "
+                   f"kept)" if e.runner is not None
                    else ("interpreted: " + e.reason if e.interpret else f"interpreted ({e.calls} calls so far)"))
             lines.append(f"  {name}: {how}")
         return "\n".join(lines)

@@ -45,9 +45,13 @@ def fail(kind: type, message: str):
 
 
 def _fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
+    global _FakeTensor
+    if _FakeTensor is None:  # (imported at the first call: every kernel call asks)
+        from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+    return isinstance(t, _FakeTensor) or t.is_meta
 
-    return isinstance(t, FakeTensor) or t.is_meta
+
+_FakeTensor = None
 
 
 # ---- the kernel being run -----------------------------------------------------------------------
