@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import _cost
+from . import _dtypes
 from . import _hardware as hw
 from . import language as nl
 from ._core import (HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm_parts, instruction,
@@ -45,8 +46,8 @@ fp32 = _Constants("fp32", torch.finfo(torch.float32).min, torch.finfo(torch.floa
 #: ``nl.bfp16.min``: the most negative finite bfloat16 (0xff7f; AWS documents 0xff80, which is -inf).
 bfp16 = _Constants("bfp16", torch.finfo(torch.bfloat16).min, torch.finfo(torch.bfloat16).max)
 
-float8_e4m3fn = torch.float8_e4m3fn
-float8_e8m0fnu = getattr(torch, "float8_e8m0fnu", None)
+float8_e4m3fn = _dtypes.make("float8_e4m3fn", torch.float8_e4m3fn, "float8_e4m3fn")
+float8_e8m0fnu = _dtypes.make("float8_e8m0fnu", getattr(torch, "float8_e8m0fnu", None))
 
 
 def finfo(dtype):
@@ -160,7 +161,7 @@ def static_cast(input_data, dtype):
 
         from ._numpy import numpy_of
 
-        t = torch.from_numpy(np.ascontiguousarray(input_data)).to(nl._dtype(dtype))
+        t = _dtypes.to_torch(np.asarray(input_data)).to(nl._dtype(dtype))
         return numpy_of(t, "nl.static_cast")
     return nl.copy(input_data, dtype=dtype)
 
