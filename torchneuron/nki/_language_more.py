@@ -29,7 +29,7 @@ __all__ = [
     "left_shift", "right_shift", "all", "var", "softmax", "rms_norm", "broadcast_to", "expand_dims",
     "gather_flattened", "atomic_rmw", "shared_constant", "shared_identity_matrix", "dynamic_range", "fori_loop",
     "while_loop", "no_reorder", "is_psum", "is_sbuf", "is_hbm", "is_on_chip", "prelu", "bypass", "average",
-    "float8_e4m3fn", "float8_e8m0fnu", "loop_reduce", "NUMPY_OPS", "numpy_op",
+    "float8_e4m3fn", "float8_e8m0fnu", "NUMPY_OPS", "numpy_op",
 ]
 
 
@@ -284,13 +284,6 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, *, dtype=None, compute_dtype=None, mas
     _cost.charge_vector("rms_norm", data.shape, 2, out.dtype)
     _cost.charge_scalar("rms_norm", data.shape)
     return out
-
-
-def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
-    """``nl.loop_reduce``: AWS's compiler reduces ``x`` across the iterations of the loops ``loop_indices``
-    (a compiler transformation). Not emulated: accumulate explicitly (acc = op(acc, x) in the loop)."""
-    fail(NotImplementedError, "nl.loop_reduce is a compiler transformation not emulated here; accumulate in the "
-                              "loop explicitly (acc = nl.add(acc, x))")
 
 
 # ---- tensor manipulation -----------------------------------------------------------------------------

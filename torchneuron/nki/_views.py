@@ -306,8 +306,9 @@ def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indir
     """An explicit access pattern over the tensor's storage: element ``[i0, i1, ...]`` of the result is storage
     element ``base + offset + sum(i_k * stride_k)`` (``base``: this view's own offset), as ``torch.as_strided``;
     ``scalar_offset`` (a [1, 1] tile) or ``vector_offset`` (a [P, 1] tile, one per partition) add their value
-    times this tensor's stride along ``indirect_dim``, read when the instruction runs; ``dtype`` reinterprets
-    the storage first."""
+    times this tensor's stride along ``indirect_dim``, read when the instruction runs (a ``vector_offset`` along
+    dimension 0 is each partition's row: it takes the place of the pattern's first stride, as a gather);
+    ``dtype`` reinterprets the storage first."""
     strides_, counts = _pattern(pattern)
     x = self
     if dtype is not None and as_dtype(dtype) != x.dtype:
@@ -323,6 +324,8 @@ def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indir
         own = strides(x)
         d = _dim(x, indirect_dim, "ap (indirect_dim)", partition_ok=True)
         scale = own[d]
+        if vector_offset is not None and d == 0:  # each partition's own row: its offset replaces the first stride
+            strides_ = (0,) + strides_[1:]
     if isinstance(x, _TILE):
         base, _ = _tile_pattern(x) if x.index is not Ellipsis else (0, None)
         start = base + extra
