@@ -333,7 +333,9 @@ def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indir
         for k, (s, n) in enumerate(zip(strides_, counts)):
             pos = pos + (torch.arange(n, device=pos.device) * s).reshape((1,) * k + (n,) + (1,) * (len(counts) - k - 1))
         total = x.tile.data.numel()
-        if int(pos.min()) < 0 or int(pos.max()) >= total:
+        lo = start + sum((n - 1) * st for st, n in zip(strides_, counts) if st < 0)
+        hi = start + sum((n - 1) * st for st, n in zip(strides_, counts) if st > 0)
+        if lo < 0 or hi >= total:
             fail(IndexError, f"ap: the pattern {list(map(list, zip(strides_, counts)))} with offset {start} addresses "
                              f"elements outside the tile's {total}")
         if dyn is not None:
@@ -350,7 +352,7 @@ def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indir
     t = _hbm_tensor(x)
     start = t.storage_offset() + extra
     room = t.untyped_storage().nbytes() // t.element_size()
-    last = start + sum((n - 1) * s for s, n in zip(strides_, counts))
+    last = start + sum((n - 1) * s for s, n in zip(strides_, counts) if s > 0)
     first = start + sum((n - 1) * s for s, n in zip(strides_, counts) if s < 0)
     if first < 0 or last >= room:
         fail(IndexError, f"ap: the pattern {list(map(list, zip(strides_, counts)))} with offset {start} addresses "
