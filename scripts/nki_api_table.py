@@ -101,8 +101,6 @@ UNSUPPORTED: Dict[Tuple[str, str], str] = {
     ("nki.isa", "quantize_mx"): "not yet: MX (microscaling) quantization",
     ("nki.isa", "core_barrier"): "synchronizes NeuronCores; one emulated core here",
     ("nki.isa", "sendrecv"): "moves data between NeuronCores; one emulated core here",
-    ("nki.isa", "NkiInstruction"): "the newer NKI's handle of a traced instruction (depends_on: scheduling "
-                                   "edges); instructions here return their tiles and run in program order",
 }
 
 _MODULES = {"nki": "torchneuron.nki", "nki.language": "torchneuron.nki.language", "nki.isa": "torchneuron.nki.isa",

@@ -204,3 +204,27 @@ def test_loop_reduce_accumulates_into_its_destination():
 
     with pytest.raises(NotImplementedError, match="assigned"):
         unassigned(x[:128])
+
+
+def test_instructions_results_are_instruction_handles():
+    @nki.jit(mode="simulation")
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        y = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        first = nisa.tensor_copy(dst=y, src=x)
+        second = nisa.activation(dst=y, op=nl.exp, data=y)
+        assert isinstance(first, nisa.NkiInstruction) and second.depends_on(first) is second
+        stored = nisa.dma_copy(dst=out, src=y)
+        assert stored.depends_on(second, first) is stored
+        return out
+
+    x = _rand(128, 8)
+    assert_close(torch.from_numpy(k(x)), torch.exp(torch.from_numpy(x)), rtol=1e-6, atol=1e-6)
+
+    @nki.jit(mode="simulation")
+    def bad(a):
+        nl.load(a).depends_on(3)
+
+    with pytest.raises(TypeError, match="depends_on"):
+        bad(x)

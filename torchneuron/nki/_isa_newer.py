@@ -1,12 +1,14 @@
 """The newer NKI's instructions (aws-neuron-sdk 81ce03a, ``nki/api/nki/isa``) not in :mod:`._isa_more`: the
 engine sequencers' virtual registers (``register_alloc``/``move``/``load``/``store``, ``VirtualRegister``),
-``nc_n_gather`` (GpSimd's per-partition gather), ``dma_compute`` (a DMA that adds its sources) and
-``activate2`` (ScalarE's two tensor-scalar stages before the activation, NeuronCore-v4). Each computes what
+``nc_n_gather`` (GpSimd's per-partition gather), ``dma_compute`` (a DMA that adds its sources),
+``activate2`` (ScalarE's two tensor-scalar stages before the activation, NeuronCore-v4), ``NkiInstruction``
+(an instruction's result, with ``depends_on``) and ``nl.loop_reduce``. Each computes what
 AWS's API reference says it computes and is charged to the engine it names; they add their names to nisa.
 """
 
 from __future__ import annotations
 
+import abc
 import ast
 import linecache
 import math
@@ -27,7 +29,7 @@ from ._isa_more import _accumulate, _per_partition, _reduce_fn, _vector
 from ._views import NKIObject
 
 __all__ = ["VirtualRegister", "register_alloc", "register_move", "register_load", "register_store", "nc_n_gather",
-           "dma_compute", "activate2"]
+           "dma_compute", "activate2", "NkiInstruction"]
 
 _TILE = (Tile, TileView)
 _HBM = (HbmTensor, HbmView)
@@ -275,6 +277,34 @@ def activate2(dst=None, op=None, data=None, imm0=None, imm1=None, op0=None, op1=
             write(reduce_res, fn(yy, 1, keepdim=True), "activate2")
         _vector("activate2_reduce", yy.shape, 1, torch.float32)
     return out
+
+
+# ---- instruction handles ----------------------------------------------------------------------------------
+
+class NkiInstruction(NKIObject, metaclass=abc.ABCMeta):
+    """``nisa.NkiInstruction``: what an instruction returns, for ``.depends_on(*producers)`` (a scheduling
+    edge). Here an instruction returns its destination (a tile or an HBM tensor), which is one, and
+    instructions run in program order, so every dependency on an earlier one holds: ``depends_on`` checks its
+    arguments are instructions' results and returns ``self``."""
+
+    def __init__(self, handle=None):
+        self.handle = handle
+
+    def depends_on(self, *producers):
+        return _depends_on(self, *producers)
+
+
+def _depends_on(self, *producers):
+    for p in producers:
+        if not isinstance(p, NkiInstruction):
+            fail(TypeError, f"depends_on: producers are instructions' results, got {type(p).__name__}")
+    return self
+
+
+for _cls in (Tile, TileView, HbmTensor, HbmView):
+    NkiInstruction.register(_cls)
+    _cls.depends_on = _depends_on
+del _cls
 
 
 # ---- nl.loop_reduce ------------------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
         fail(ValueError, f"rearrange: an on-chip tensor keeps its partition dimension first ({dst_pattern})")
     if isinstance(self, _TILE):
         return _tile_view(self, _positions(self).reshape(split).permute(perm).reshape(merged))
-    return _apply(self, "rearrange", lambda t: t.view(split).permute(perm).reshape(merged))
+    return _apply(self, "rearrange", lambda t: t.view(split).permute(perm).view(merged))
 
 
 # ---- access patterns ----------------------------------------------------------------------------------
