@@ -341,3 +341,24 @@ def test_isa_constants_and_pytest_collection(tmp_path):
                         str(tmp_path / "test_sample.py")], capture_output=True, text=True, timeout=300)
     assert "1 passed" in p.stdout, p.stdout + p.stderr
     assert "error" not in p.stdout.lower(), p.stdout
+
+
+def test_dynamic_select_and_vector_select_gather_rows():
+    @nki.jit(mode="simulation")
+    def k(table, i, rows):
+        o1 = nl.ndarray((128, 8), dtype=table.dtype, buffer=nl.shared_hbm)
+        o2 = nl.ndarray((128, 8), dtype=table.dtype, buffer=nl.shared_hbm)
+        o3 = nl.ndarray((128, 1), dtype=table.dtype, buffer=nl.shared_hbm)
+        idx, r = nl.load(i), nl.load(rows)
+        nl.store(o1, nl.load(table.select(0, idx)))                  # table[i]: (128, 8)
+        nl.store(o2, nl.load(table.vector_select(0, r)[:, 2]))       # partition p: table[rows[p], 2, :]
+        t = nl.load(table[1])                                         # (128, 8) on chip
+        nl.store(o3, nl.copy(t.select(1, idx).expand_dim(1)))       # column i of the tile
+        return o1, o2, o3
+
+    table = _arange(4, 128, 8)
+    rows = np.random.default_rng(7).integers(0, 4, size=(128, 1)).astype(np.int32)
+    o1, o2, o3 = k(table, np.array([[3]], np.int32), rows)
+    np.testing.assert_array_equal(o1, table[3])
+    np.testing.assert_array_equal(o2, np.stack([table[rows[p, 0], 2] for p in range(128)]))
+    np.testing.assert_array_equal(o3, table[1][:, 3:4])

@@ -13,15 +13,16 @@ for any view. A view of an HBM tensor is a PyTorch view of its tensor (``as_stri
 dtype over a tile (``view(dtype)``) shares its memory and its claim on SBUF; what was written is carried
 between the two (a wider element counts as written when all of its bytes were).
 
-Not here: ``vector_select``, ``indirect`` (Trn3's tensor indirection) and ``select`` with a dynamic index;
-each raises ``NotImplementedError`` naming itself.
+``select`` with a [1, 1] tile as the index and ``vector_select`` (per-partition rows of an HBM tensor) are
+``ap`` with a ``scalar_offset`` / ``vector_offset``. Not here: ``indirect`` (Trn3's tensor indirection), a
+``NotImplementedError``.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -169,9 +170,12 @@ def slice_(self, dim: int, start: int, end: int, step: int = 1):
 
 
 def select(self, dim: int, index):
+    if isinstance(index, _TILE):  # dynamic: the index is a [1, 1] tile, read when the instruction runs
+        dim = _dim(self, dim, "select")
+        pattern = [p for d, p in enumerate(get_pattern(self)) if d != dim]
+        return ap(self, pattern, scalar_offset=index, indirect_dim=dim)
     if not isinstance(index, int) or isinstance(index, bool):
-        fail(NotImplementedError, "select with a dynamic index (an NkiTensor) is not supported here; "
-                                  "index with the tile (t[idx_tile, ...]) or use a static int")
+        fail(TypeError, f"select: the index is an int or a [1, 1] tile of one, got {type(index).__name__}")
     dim = _dim(self, dim, "select", partition_ok=True)
     n = self.shape[dim]
     if not 0 <= index < n:
@@ -179,6 +183,18 @@ def select(self, dim: int, index):
     if dim == 0 and isinstance(self, _TILE):  # the partition dimension stays (a size-1 slice)
         return _apply(self, "select", lambda t: t.narrow(0, index, 1))
     return _apply(self, "select", lambda t: t.select(dim, index))
+
+
+def vector_select(self, dim: int, vector_offset):
+    """Partition ``p`` of the result is row ``vector_offset[p]`` of this HBM tensor (a gather along dim 0)."""
+    if dim != 0:
+        fail(ValueError, f"vector_select: dim is 0, got {dim}")
+    if not isinstance(self, _HBM):
+        fail(ValueError, "vector_select: only tensors in HBM take per-partition offsets")
+    if not isinstance(vector_offset, _TILE):
+        fail(TypeError, f"vector_select: vector_offset is an SBUF tile [P, 1], got {type(vector_offset).__name__}")
+    pattern = get_pattern(self)
+    return ap(self, [[pattern[0][0], vector_offset.shape[0]]] + pattern[1:], vector_offset=vector_offset, indirect_dim=0)
 
 
 def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
@@ -438,7 +454,8 @@ def view(self, dtype):
 _METHODS = {"permute": permute, "broadcast": broadcast, "expand_dim": expand_dim, "squeeze_dim": squeeze_dim,
             "reshape_dim": reshape_dim, "flatten_dims": flatten_dims, "slice": slice_, "select": select,
             "rearrange": rearrange, "get_pattern": get_pattern, "is_contiguous": is_contiguous,
-            "is_indirect": is_indirect, "ap": ap, "view": view, "reinterpret_cast": view}
+            "is_indirect": is_indirect, "ap": ap, "view": view, "reinterpret_cast": view,
+            "vector_select": vector_select}
 
 
 def _not_here(name: str, why: str):
@@ -455,8 +472,6 @@ for _cls in (Tile, TileView, HbmTensor, HbmView):
     _cls.offset = property(offset)
     _cls.ndim = property(lambda self: len(self.shape))
     _cls.size = property(lambda self: math.prod(self.shape))
-    _cls.vector_select = _not_here("vector_select", "per-partition indirect addressing of a view is not supported "
-                                                    "here; index the HBM tensor with a tile (t[idx_tile, ...])")
     _cls.indirect = _not_here("indirect", "Trn3's tensor indirection is not supported here")
 del _cls, _name, _fn
 
