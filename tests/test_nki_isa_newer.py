@@ -228,3 +228,54 @@ def test_instructions_results_are_instruction_handles():
 
     with pytest.raises(TypeError, match="depends_on"):
         bad(x)
+
+
+def test_quantize_mx_and_nc_matmul_mx_match_numpy():
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # the host side of fp8 and bfloat16
+    K, M, N = 64, 16, 32
+
+    @nki.jit(mode="simulation", platform_target="trn3")
+    def k(a, b):
+        qa = nl.ndarray((K, M), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        sa = nl.zeros((K, M), dtype=nl.uint8)
+        nisa.quantize_mx(dst=qa, src=nl.load(a), dst_scale=sa)
+        qb = nl.ndarray((K, N), dtype=nl.float8_e5m2_x4, buffer=nl.sbuf)
+        sb = nl.zeros((K, N), dtype=nl.uint8)
+        nisa.quantize_mx(qb, nl.load(b), sb)
+        res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul_mx(res, qa, qb, sa, sb)
+        out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, res)
+        return out, qa, sa, qb, sb
+
+    rng = np.random.default_rng(9)
+    a = (rng.standard_normal((K, 4 * M)) * np.exp2(rng.integers(-6, 6, size=(K, 1)))).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((K, 4 * N)).astype(ml_dtypes.bfloat16)
+    out, qa, sa, qb, sb = k(a, b)
+
+    def check(x, q, s, fp8, emax):
+        x = x.astype(np.float32)
+        p, f = x.shape
+        amax = np.abs(x).reshape(p // 8, 8, f // 4, 4).max(axis=(1, 3))
+        expected_bits = (np.floor(np.log2(amax)) - (emax - 1) + 127).astype(np.uint8)
+        rows = [(g // 4) * 32 + g % 4 for g in range(p // 8)]
+        np.testing.assert_array_equal(s[rows], expected_bits)
+        scale = np.exp2(expected_bits.astype(np.float32) - 127).repeat(8, 0).repeat(4, 1)
+        values = q.view(np.uint8).view(fp8).astype(np.float32)              # [P, F]: the x4 words unpacked
+        np.testing.assert_array_equal(values, (x / scale).astype(fp8).astype(np.float32))
+        group_max = amax.repeat(8, 0).repeat(4, 1)                          # fp8's precision within a group
+        assert (np.abs(values * scale - x) <= 2.0 ** -3 * group_max).all()
+        return values * scale
+
+    da = check(a, qa, sa, ml_dtypes.float8_e4m3fn, 8)
+    db = check(b, qb, sb, ml_dtypes.float8_e5m2, 15)
+    expected = np.einsum("kmj,knj->mn", da.reshape(K, M, 4).astype(np.float64), db.reshape(K, N, 4))
+    assert_close(torch.from_numpy(out), torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-4)
+
+    @nki.jit(mode="simulation", platform_target="trn2")
+    def on_trn2(a):
+        q = nl.ndarray((K, M), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        nisa.quantize_mx(q, nl.load(a), nl.zeros((K, M), dtype=nl.uint8))
+
+    with pytest.raises(ValueError, match="NeuronCore-v4"):
+        on_trn2(a)

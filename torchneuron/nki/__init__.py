@@ -44,7 +44,7 @@ from . import _dtypes, _hardware, _replay
 from . import isa  # noqa: F401
 from . import language  # noqa: F401
 from . import _isa_more, _language_more  # noqa: F401  (the rest of nl's and nisa's names: they add them to nl and nisa)
-from . import _isa_constants, _isa_newer, _views  # noqa: F401  (nisa.constants, the newer NKI's registers and instructions; NkiTensor's view methods)
+from . import _isa_constants, _isa_newer, _mx, _views  # noqa: F401  (nisa.constants, the newer NKI's registers and instructions, MX; NkiTensor's view methods)
 from . import typing  # noqa: F401  (nki.typing: annotations of tensor parameters)
 from ._core import HbmTensor, Tile, TileView, _get, require_defined
 from ._numpy import numpy_of as _numpy_of

@@ -118,6 +118,16 @@ def _by_name(name: str) -> DType:
     return _BY_NAME[name]
 
 
+#: The 4-packed fp8 types of MX matmuls (nl.float8_e5m2_x4, ...): each element a 32-bit word of four fp8
+#: values (the first in the lowest byte), held as int32; name -> the fp8 dtype packed.
+PACKED: Dict[str, torch.dtype] = {"float8_e5m2_x4": torch.float8_e5m2, "float8_e4m3fn_x4": torch.float8_e4m3fn}
+
+
+def packed_of(d) -> Optional[torch.dtype]:
+    """The fp8 dtype an x4 dtype packs (None for any other dtype)."""
+    return PACKED.get(d.name) if isinstance(d, DType) else (PACKED.get(d) if isinstance(d, str) else None)
+
+
 def make(name: str, torch_dtype: Optional[torch.dtype], numpy_name: Optional[str] = None) -> Optional[DType]:
     if torch_dtype is None:
         return None

@@ -63,6 +63,7 @@ class tile_size:
 
 def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
+    packed = _dtypes.packed_of(dtype)  # an x4 type (MX matmuls): int32 words, the tile remembers which fp8
     dtype = _dtype(dtype)
     if isinstance(shape, int):
         shape = (shape,)
@@ -77,7 +78,10 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
             r.shared_hbm.append(HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device)))
             return r.shared_hbm[slot]
         return HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device))
-    return Tile(shape, dtype, buffer)
+    t = Tile(shape, dtype, buffer)
+    if packed is not None:
+        t.packed = packed
+    return t
 
 
 @instruction
