@@ -93,8 +93,6 @@ UNSUPPORTED: Dict[Tuple[str, str], str] = {
     ("nki.language", "all_reduce"): "a collective across the NeuronCores of an SPMD grid; one emulated core here",
     ("nki.language", "gemm_grid"): "undocumented (no description in AWS's reference)",
     ("nki.language", "gemm_stationary_grid"): "undocumented (no description in AWS's reference)",
-    ("nki.language", "float4_e2m1fn_x4"): "not yet: MXFP4 (4 x fp4 per element); nc_matmul_mx takes the fp8 x4 "
-                                          "types",
     ("nki.isa", "builtin_custom_op"): "runs a custom GpSimd microcode library (a binary for the device)",
     ("nki.isa", "core_barrier"): "synchronizes NeuronCores; one emulated core here",
     ("nki.isa", "sendrecv"): "moves data between NeuronCores; one emulated core here",

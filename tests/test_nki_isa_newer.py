@@ -279,3 +279,36 @@ def test_quantize_mx_and_nc_matmul_mx_match_numpy():
 
     with pytest.raises(ValueError, match="NeuronCore-v4"):
         on_trn2(a)
+
+
+def test_nc_matmul_mx_with_mxfp4_stationary():
+    ml_dtypes = pytest.importorskip("ml_dtypes")  # to read the fp8 moving operand on the host
+    K, M, N = 32, 8, 16
+    fp4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    rng = np.random.default_rng(10)
+    nib = rng.integers(0, 16, size=(K, M, 4))
+    words = (nib[..., 0] | nib[..., 1] << 4 | nib[..., 2] << 8 | nib[..., 3] << 12).astype(np.uint16).view(np.int16)
+    a_scale = rng.integers(120, 134, size=(K // 8, M)).astype(np.uint8)
+    b = rng.standard_normal((K, 4 * N)).astype(np.float16)
+
+    @nki.jit(mode="simulation", platform_target="trn3")
+    def k(words, a_scale, b):
+        qa = nl.ndarray((K, M), dtype=nl.float4_e2m1fn_x4, buffer=nl.sbuf)
+        nisa.dma_copy(dst=qa, src=words)
+        sa = nl.zeros((K, M), dtype=nl.uint8)
+        nisa.dma_copy(dst=sa[0:4, :], src=a_scale)                   # groups 0..3 on partitions 0..3
+        qb = nl.ndarray((K, N), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        sb = nl.zeros((K, N), dtype=nl.uint8)
+        nisa.quantize_mx(qb, nl.load(b), sb)
+        res = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul_mx(res, qa, qb, sa, sb)
+        out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, res)
+        return out, qb, sb
+
+    out, qb, sb = k(words, a_scale, b)
+    a = fp4[nib] * np.exp2(a_scale.astype(np.float64) - 127).repeat(8, 0)[:, :, None]      # [K, M, 4]
+    b_scale = np.exp2(sb[:4].astype(np.float64) - 127).repeat(8, 0)                           # [K, N]
+    bv = qb.view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(K, N, 4) * b_scale[:, :, None]
+    expected = np.einsum("kmj,knj->mn", a, bv)
+    assert_close(torch.from_numpy(out), torch.from_numpy(expected).float(), rtol=1e-5, atol=1e-5)

@@ -118,13 +118,15 @@ def _by_name(name: str) -> DType:
     return _BY_NAME[name]
 
 
-#: The 4-packed fp8 types of MX matmuls (nl.float8_e5m2_x4, ...): each element a 32-bit word of four fp8
-#: values (the first in the lowest byte), held as int32; name -> the fp8 dtype packed.
-PACKED: Dict[str, torch.dtype] = {"float8_e5m2_x4": torch.float8_e5m2, "float8_e4m3fn_x4": torch.float8_e4m3fn}
+#: The 4-packed types of MX matmuls (nl.float8_e5m2_x4, ...): each element a 32-bit word of four fp8 values
+#: (the first in the lowest byte), held as int32, or a 16-bit word of four fp4 values (int16); name -> what
+#: it packs (the fp8 torch dtype, or "float4_e2m1fn").
+PACKED: Dict[str, object] = {"float8_e5m2_x4": torch.float8_e5m2, "float8_e4m3fn_x4": torch.float8_e4m3fn,
+                             "float4_e2m1fn_x4": "float4_e2m1fn"}  # 4 x fp4: a 16-bit word, nibbles low first
 
 
-def packed_of(d) -> Optional[torch.dtype]:
-    """The fp8 dtype an x4 dtype packs (None for any other dtype)."""
+def packed_of(d):
+    """What an x4 dtype packs (None for any other dtype)."""
     return PACKED.get(d.name) if isinstance(d, DType) else (PACKED.get(d) if isinstance(d, str) else None)
 
 

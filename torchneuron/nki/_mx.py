@@ -8,7 +8,8 @@ x4 element, sharing one 8-bit exponent scale (float8_e8m0fnu or uint8, value 2^(
 groups of partitions 8g..8g+7 sit on partition (g // 4) * 32 + g % 4 of the scale tile (four partitions per
 32-partition quadrant), column for column with the x4 data.
 
-Not here: ``nl.float4_e2m1fn_x4`` (MXFP4) inputs.
+``nl.float4_e2m1fn_x4`` (MXFP4, nc_matmul_mx's input only, as AWS's quantize_mx makes MXFP8) is a 16-bit word of
+four fp4 (E2M1) values, the first in the lowest nibble, held as int16.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ _EMAX = {torch.float8_e4m3fn: 8, torch.float8_e5m2: 15}
 
 float8_e5m2_x4 = _dtypes.make("float8_e5m2_x4", torch.int32)
 float8_e4m3fn_x4 = _dtypes.make("float8_e4m3fn_x4", torch.int32)
+float4_e2m1fn_x4 = _dtypes.make("float4_e2m1fn_x4", torch.int16)
+#: float4_e2m1fn's magnitudes by their 3 low bits (the OCP MX spec's E2M1: no infinities, no NaN).
+_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def _v4(what: str) -> None:
@@ -70,6 +74,8 @@ def quantize_mx(dst=None, src=None, dst_scale=None, **kwargs):
     _required("quantize_mx", dst=dst, src=src, dst_scale=dst_scale)
     _v4("quantize_mx")
     fp8 = _packed(dst, "quantize_mx: dst")
+    if fp8 not in _EMAX:
+        fail(TypeError, "quantize_mx: dst is float8_e5m2_x4 or float8_e4m3fn_x4 (MXFP8), got float4_e2m1fn_x4")
     x = read(src, "quantize_mx (src)")
     if x.dtype not in (torch.float16, torch.bfloat16):
         fail(TypeError, f"quantize_mx: src is float16 or bfloat16, got {x.dtype}")
@@ -106,10 +112,16 @@ def quantize_mx(dst=None, src=None, dst_scale=None, **kwargs):
 
 def _dequantized(data, scale, what: str) -> torch.Tensor:
     """An x4 tile [K, M] as float32 values [K, M, 4], each times its group's scale."""
-    fp8 = _packed(data, f"nc_matmul_mx: {what}")
+    packed = _packed(data, f"nc_matmul_mx: {what}")
     words = read(data, f"nc_matmul_mx ({what})")
     k, m = words.shape
-    values = words.contiguous().view(torch.uint8).view(fp8).float().reshape(k, m, 4)
+    b = words.contiguous().view(torch.uint8)
+    if packed == "float4_e2m1fn":  # each byte two values, the low nibble first
+        nibbles = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(k, m, 4).to(torch.int64)
+        mag = torch.tensor(_FP4, device=b.device)[nibbles & 7]
+        values = torch.where(nibbles >= 8, -mag, mag)
+    else:
+        values = b.view(packed).float().reshape(k, m, 4)
     s = _scale_bits(scale, f"nc_matmul_mx: {what}_scale")
     rows = _scale_rows(k, words.device)
     if s.dim() != 2 or s.shape[0] <= int(rows.max()) or s.shape[1] < m:
@@ -122,7 +134,7 @@ def _dequantized(data, scale, what: str) -> torch.Tensor:
 @instruction
 def nc_matmul_mx(dst=None, stationary=None, moving=None, stationary_scale=None, moving_scale=None,
                  tile_position=None, tile_size=None, accumulate=None, **kwargs):
-    """MXFP8 stationary [K, M] and moving [K, N] (x4 elements) dequantized with their scales and multiplied on
+    """MXFP8/MXFP4 stationary [K, M] and moving [K, N] (x4 elements) dequantized with their scales and multiplied on
     TensorE, contracting over K and the 4 values of each x4 element: ``dst`` [M, N] in PSUM (float32); the
     first matmul into a region writes it, later ones add (``accumulate``, as nc_matmul)."""
     _required("nc_matmul_mx", dst=dst, stationary=stationary, moving=moving, stationary_scale=stationary_scale,
@@ -163,6 +175,6 @@ def nc_matmul_mx(dst=None, stationary=None, moving=None, stationary_scale=None, 
 for _name in __all__:
     setattr(isa, _name, globals()[_name])
 isa.__all__ += [n for n in __all__ if n not in isa.__all__]
-nl.float8_e5m2_x4, nl.float8_e4m3fn_x4 = float8_e5m2_x4, float8_e4m3fn_x4
-nl.__all__ += ["float8_e5m2_x4", "float8_e4m3fn_x4"]
+nl.float8_e5m2_x4, nl.float8_e4m3fn_x4, nl.float4_e2m1fn_x4 = float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4
+nl.__all__ += ["float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"]
 del _name
