@@ -15,8 +15,8 @@ PY=${PYTHON:-python3}
 VPY=.venv/bin/python
 # torch (with numpy) must be importable while the C++ core builds, hence no build isolation
 # below; the other runtime dependencies come from pyproject.toml; this list adds the build
-# and test tools.
-PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja build pytest hypothesis expecttest
+# and test tools (ml_dtypes: NumPy's bfloat16 and fp8 types, which AWS's NKI samples make arrays of).
+PACKAGES=("torch==2.13.0" numpy "setuptools>=77" ninja build pytest hypothesis expecttest ml_dtypes
           "transformers==5.24.0" "accelerate==1.15.0" "lightning==2.6.6" "peft==0.21.2" "diffusers==0.42.1"
           numba tiktoken more-itertools
           "datasets>=3.6,<4.8" "spmd_types==0.2.3" tyro einops torchdata torch_checkpointing tensorboard

@@ -220,7 +220,8 @@ def test_numpy_dtypes_accepted_where_nl_dtypes_are(np_dtype, torch_dtype):
 
 
 def test_uint_dtypes_and_bad_dtype():
-    assert nl.uint16 is torch.uint16 and nl.uint32 is torch.uint32
+    assert nl.uint16.torch is torch.uint16 and nl.uint32.torch is torch.uint32   # nl.DType: the torch dtype
+    assert nl.uint16 == torch.uint16 and nl.uint32 == np.uint32                    # and NumPy's
 
     @nki.jit
     def fill(a):

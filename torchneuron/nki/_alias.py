@@ -37,6 +37,9 @@ log = logging.getLogger("torchneuron")
 #: The package names the alias answers, each with the module that stands for it (None: a bare package
 #: holding only the submodules: ``neuronxcc`` itself).
 ROOTS: Dict[str, Optional[str]] = {"neuronxcc": None, "neuronxcc.nki": "torchneuron.nki", "nki": "torchneuron.nki"}
+#: Submodules AWS's package has under a module that is no package here (its name -> torchneuron's module):
+#: put in ``sys.modules`` with their parent, so ``import neuronxcc.nki.isa.constants`` finds them there.
+SUBMODULES: Dict[str, Dict[str, str]] = {"torchneuron.nki.isa": {"constants": "torchneuron.nki._isa_constants"}}
 
 
 def _target(fullname: str, roots: Tuple[str, ...]) -> Tuple[bool, Optional[str]]:
@@ -66,6 +69,9 @@ class _AliasLoader(importlib.abc.Loader):
             return
         # The module replaces itself in sys.modules with torchneuron's (importlib returns what is there).
         sys.modules[name] = importlib.import_module(self.target)
+        for sub, target in SUBMODULES.get(self.target, {}).items():
+            sys.modules[f"{name}.{sub}"] = importlib.import_module(target)
+            self.finder.created.append(f"{name}.{sub}")
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):

@@ -16,6 +16,7 @@ import torch
 
 from . import _hardware as hw
 from . import _cost
+from . import _dtypes
 from ._run import _RUN, Instruction, KernelRun, _fake, annotate, fail, instruction, kernel_line, run  # noqa: F401
 
 class Buffer:
@@ -44,6 +45,7 @@ _ITEMSIZE: Dict[torch.dtype, int] = {}
 def _itemsize(dtype: torch.dtype) -> int:
     size = _ITEMSIZE.get(dtype)
     if size is None:
+        dtype = as_dtype(dtype)
         size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
     return size
 
@@ -75,11 +77,16 @@ def par_axis(shape) -> int:
 
 
 def as_dtype(d, what: str = "dtype") -> torch.dtype:
-    """An nl dtype (a torch dtype), or the same given as a NumPy dtype or scalar type (``np.float32``)."""
+    """An nl dtype (:class:`._dtypes.DType`, a torch dtype), or the same given as a torch dtype, a NumPy dtype or
+    scalar type (``np.float32``, ml_dtypes' ``bfloat16``) or its name (``"bfloat16"``, the newer NKI's)."""
     if isinstance(d, torch.dtype):
         return d
+    if isinstance(d, _dtypes.DType):
+        return d.torch
     if d is bool:
         return torch.bool
+    if isinstance(d, str) and d in _dtypes._BY_NAME:
+        return _dtypes._BY_NAME[d].torch
     try:
         import numpy as np
 
@@ -88,7 +95,7 @@ def as_dtype(d, what: str = "dtype") -> torch.dtype:
         nd = None
     if nd is not None:
         try:
-            return torch.from_numpy(np.empty(0, dtype=nd)).dtype
+            return _dtypes.to_torch(np.empty(0, dtype=nd)).dtype
         except TypeError:
             pass
         fail(TypeError, f"{what}: NumPy dtype {nd} has no NKI counterpart")
@@ -305,6 +312,7 @@ def written_anywhere(view) -> bool:
     """Whether any element of a tile view was written (nc_matmul: accumulate, or write first)."""
     t = view.tile
     touch(t)
+    _pull(t)
     if t.complete:
         return True
     if t.mask is None or _fake(t.mask):
@@ -339,6 +347,7 @@ def defined(x) -> Optional[torch.Tensor]:
     if not isinstance(x, (Tile, TileView)):
         return None
     t = x.tile
+    _pull(t)
     if t.complete or _fake(t.data):
         return None
     shape = _get(t.data, x.index).shape
@@ -393,6 +402,7 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
             fail(ValueError, f"{what}: a result of shape {tuple(value.shape)} does not fit a destination of shape "
                          f"{tuple(target_shape)}")
     t = dst.tile
+    _pull(t)
     m = None
     if mask is not None and _everywhere(mask):
         mask = None
@@ -417,6 +427,14 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
                 t.mask = torch.zeros(t.shape, dtype=torch.bool, device=t.data.device)
             _set(t.mask, dst.index, (_get(t.mask, dst.index) | m) if mask is not None else True)
     _set(t.data, dst.index, value)
+    if hasattr(t, "_push"):  # a tile viewed as another dtype (_views): what was written is the tile's too
+        t._push()
+
+
+def _pull(t) -> None:
+    """A tile viewed as another dtype (``t.view(dtype)``, _views) takes what was written from its tile."""
+    if hasattr(t, "_pull"):
+        t._pull()
 
 
 def _get(t: torch.Tensor, index):

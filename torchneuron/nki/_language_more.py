@@ -13,6 +13,7 @@ import math
 import torch
 
 from . import _cost
+from . import _dtypes
 from . import _hardware as hw
 from . import language as nl
 from ._core import (HbmTensor, HbmView, IndexExpr, Tile, TileView, both, defined, fail, hbm_parts, instruction,
@@ -28,7 +29,7 @@ __all__ = [
     "left_shift", "right_shift", "all", "var", "softmax", "rms_norm", "broadcast_to", "expand_dims",
     "gather_flattened", "atomic_rmw", "shared_constant", "shared_identity_matrix", "dynamic_range", "fori_loop",
     "while_loop", "no_reorder", "is_psum", "is_sbuf", "is_hbm", "is_on_chip", "prelu", "bypass", "average",
-    "float8_e4m3fn", "float8_e8m0fnu", "loop_reduce", "NUMPY_OPS", "numpy_op",
+    "float8_e4m3fn", "float8_e8m0fnu", "NUMPY_OPS", "numpy_op",
 ]
 
 
@@ -45,8 +46,8 @@ fp32 = _Constants("fp32", torch.finfo(torch.float32).min, torch.finfo(torch.floa
 #: ``nl.bfp16.min``: the most negative finite bfloat16 (0xff7f; AWS documents 0xff80, which is -inf).
 bfp16 = _Constants("bfp16", torch.finfo(torch.bfloat16).min, torch.finfo(torch.bfloat16).max)
 
-float8_e4m3fn = torch.float8_e4m3fn
-float8_e8m0fnu = getattr(torch, "float8_e8m0fnu", None)
+float8_e4m3fn = _dtypes.make("float8_e4m3fn", torch.float8_e4m3fn, "float8_e4m3fn")
+float8_e8m0fnu = _dtypes.make("float8_e8m0fnu", getattr(torch, "float8_e8m0fnu", None))
 
 
 def finfo(dtype):
@@ -160,7 +161,7 @@ def static_cast(input_data, dtype):
 
         from ._numpy import numpy_of
 
-        t = torch.from_numpy(np.ascontiguousarray(input_data)).to(nl._dtype(dtype))
+        t = _dtypes.to_torch(np.asarray(input_data)).to(nl._dtype(dtype))
         return numpy_of(t, "nl.static_cast")
     return nl.copy(input_data, dtype=dtype)
 
@@ -283,13 +284,6 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, *, dtype=None, compute_dtype=None, mas
     _cost.charge_vector("rms_norm", data.shape, 2, out.dtype)
     _cost.charge_scalar("rms_norm", data.shape)
     return out
-
-
-def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
-    """``nl.loop_reduce``: AWS's compiler reduces ``x`` across the iterations of the loops ``loop_indices``
-    (a compiler transformation). Not emulated: accumulate explicitly (acc = op(acc, x) in the loop)."""
-    fail(NotImplementedError, "nl.loop_reduce is a compiler transformation not emulated here; accumulate in the "
-                              "loop explicitly (acc = nl.add(acc, x))")
 
 
 # ---- tensor manipulation -----------------------------------------------------------------------------

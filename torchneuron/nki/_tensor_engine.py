@@ -19,6 +19,21 @@ def nc_matmul(*args, **kwargs):
     dst, rest = _split_dst(args, kwargs, [("stationary", "tile"), ("moving", "tile")], "nc_matmul")
     stationary, moving = _take(rest, kwargs, ["stationary", "moving"])
     s, m = read(stationary, "nc_matmul (stationary)"), read(moving, "nc_matmul (moving)")
+    ds, dmv = defined(stationary), defined(moving)
+    if _double_row(kwargs.pop("perf_mode", None)):
+        # FP8 double performance (NeuronCore-v3 on): the contraction spans the partitions and the first free
+        # axis, which is 2: [K, 2, M] and [K, 2, N] contract over K x 2 (AWS's nki.isa.nc_matmul, Layout).
+        if hw.current().name == "trn1":
+            fail(ValueError, "nc_matmul: perf_mode double_row needs NeuronCore-v3 or later (trn2, trn3), the "
+                             "target is trn1")
+        if s.dim() != 3 or m.dim() != 3 or s.shape[1] != 2 or m.shape[1] != 2:
+            fail(ValueError, f"nc_matmul: perf_mode double_row takes [K, 2, M] and [K, 2, N] tiles, got "
+                             f"{tuple(s.shape)} and {tuple(m.shape)}")
+        if s.element_size() != 1 or m.element_size() != 1:
+            fail(TypeError, f"nc_matmul: perf_mode double_row takes float8 tiles, got {s.dtype} and {m.dtype}")
+        s, m = s.reshape(-1, s.shape[2]), m.reshape(-1, m.shape[2])
+        ds = None if ds is None else ds.reshape(s.shape)
+        dmv = None if dmv is None else dmv.reshape(m.shape)
     if s.dim() != 2 or m.dim() != 2:
         fail(ValueError, f"nc_matmul takes 2-D tiles, got {tuple(s.shape)} and {tuple(m.shape)}")
     k, mm = s.shape
@@ -39,7 +54,6 @@ def nc_matmul(*args, **kwargs):
     if s.dtype.is_floating_point and m.dtype.is_floating_point and (s.element_size() == 4) != (m.element_size() == 4):
         fail(TypeError, f"nc_matmul: float32 and {s.dtype if m.element_size() == 4 else m.dtype} operands mixed; "
                         f"cast one first")
-    ds, dmv = defined(stationary), defined(moving)
     valid = both((mm, n), None if ds is None else ds.all(0)[:, None], None if dmv is None else dmv.all(0)[None, :])
     rate = "fp32" if s.element_size() == 4 else ("fp8" if s.element_size() == 1 else "16bit")
     _cost.charge_tensor("nc_matmul", n, rate)
@@ -90,3 +104,18 @@ def nc_transpose(*args, **kwargs):
     _cost.charge_tensor("nc_transpose", x.shape[0], "fp32" if x.element_size() == 4 else "16bit")
     d = defined(data)
     return _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
+
+
+def _double_row(perf_mode) -> bool:
+    """Whether ``perf_mode`` is nc_matmul's double_row (``"double_row"``, ``"double_row_gen3"`` or the enum)."""
+    if perf_mode is None:
+        return False
+    name = getattr(perf_mode, "name", perf_mode)
+    if isinstance(name, str):
+        if name in ("double_row", "double_row_gen3"):
+            return True
+        if name == "none":
+            return False
+    if isinstance(perf_mode, int) and not isinstance(perf_mode, bool):
+        return perf_mode == 1
+    fail(ValueError, f"nc_matmul: perf_mode is none, double_row or double_row_gen3, got {perf_mode!r}")

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from . import _cost
+from . import _dtypes
 from . import _hardware as hw
 from . import _tensor_engine
 from ._core import (TILE_OPS, Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, _set, as_dtype, both, defined, fail,
@@ -30,13 +31,21 @@ __all__ = [
     "square", "sin", "cos", "erf", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
     "sum", "max", "min", "mean", "prod", "where", "load_transpose2d", "par_dim", "ds", "empty_like", "zeros_like", "device_print",
     "float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e5m2", "int8", "int16", "int32",
-    "uint8", "uint16", "uint32", "bool_",
+    "uint8", "uint16", "uint32", "bool_", "DType",
 ]
 
-float32, bfloat16, float16, tfloat32 = torch.float32, torch.bfloat16, torch.float16, torch.float32
-float8_e4m3, float8_e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
-int8, int16, int32, uint8, bool_ = torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool
-uint16, uint32 = torch.uint16, torch.uint32
+# nl's dtypes: each its torch dtype for the kernel and a NumPy dtype for the host (_dtypes.DType).
+DType = _dtypes.DType
+float32, bfloat16, float16 = (_dtypes.make(n, t) for n, t in (("float32", torch.float32), ("bfloat16", torch.bfloat16),
+                                                              ("float16", torch.float16)))
+tfloat32 = _dtypes.make("tfloat32", torch.float32)  # computed as float32 here
+# float8_e4m3: AWS's is IEEE-style (infinities, up to 240), computed here as PyTorch's e4m3 (fn: up to 448).
+float8_e4m3 = _dtypes.make("float8_e4m3", torch.float8_e4m3fn, "float8_e4m3")
+float8_e5m2 = _dtypes.make("float8_e5m2", torch.float8_e5m2)
+int8, int16, int32, uint8, bool_ = (_dtypes.make(n, t) for n, t in (("int8", torch.int8), ("int16", torch.int16),
+                                                                   ("int32", torch.int32), ("uint8", torch.uint8),
+                                                                   ("bool_", torch.bool)))
+uint16, uint32 = _dtypes.make("uint16", torch.uint16), _dtypes.make("uint32", torch.uint32)
 
 
 class tile_size:
@@ -54,6 +63,7 @@ class tile_size:
 
 def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
     """An uninitialized tensor: a tile in ``nl.sbuf``/``nl.psum``, or device memory in HBM."""
+    packed = _dtypes.packed_of(dtype)  # an x4 type (MX matmuls): int32 words, the tile remembers which fp8
     dtype = _dtype(dtype)
     if isinstance(shape, int):
         shape = (shape,)
@@ -68,7 +78,10 @@ def ndarray(shape, dtype, buffer: Buffer = sbuf, name: str = "", **kwargs):
             r.shared_hbm.append(HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device)))
             return r.shared_hbm[slot]
         return HbmTensor(torch.empty(tuple(shape), dtype=dtype, device=r.device))
-    return Tile(shape, dtype, buffer)
+    t = Tile(shape, dtype, buffer)
+    if packed is not None:
+        t.packed = packed
+    return t
 
 
 @instruction
@@ -396,11 +409,11 @@ def where(condition, x, y, dtype=None, mask=None, **kwargs) -> Tile:
 # ---- reductions -----------------------------------------------------------------------------------
 
 def _lowest(dtype):
-    return float("-inf") if dtype.is_floating_point else torch.iinfo(dtype).min
+    return float("-inf") if dtype.is_floating_point else torch.iinfo(_dtype(dtype)).min
 
 
 def _highest(dtype):
-    return float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
+    return float("inf") if dtype.is_floating_point else torch.iinfo(_dtype(dtype)).max
 
 
 def _reduction(fn, name: str, identity):
