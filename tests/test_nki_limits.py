@@ -296,3 +296,16 @@ def test_replay_computes_a_tiled_elementwise_map_in_one_pass(monkeypatch):
     entry = _replayed(left_half, (wide,), monkeypatch)
     assert entry.ops.get("aten.mul.Tensor") == 4, entry.ops
     torch.testing.assert_close(left_half(wide).cpu(), wide.cpu()[:, :1024] * 2.0, rtol=0, atol=0)
+
+
+def test_a_kernel_taking_an_nl_dtype_is_replayed(monkeypatch):
+    @nki.jit
+    def cast(x, dtype):
+        out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.multiply(nl.load(x), 3.0, dtype=dtype))
+        return out
+
+    x = torch.randn(128, 64).to("neuron")
+    entry = _replayed(cast, (x, nl.bfloat16), monkeypatch)
+    assert entry.runner is not None
+    torch.testing.assert_close(cast(x, nl.bfloat16).cpu(), (x.cpu() * 3.0).to(torch.bfloat16))

@@ -46,6 +46,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from . import _dtypes
+
 log = logging.getLogger("torchneuron")
 aten = torch.ops.aten
 
@@ -111,7 +113,7 @@ class Entry:
     aten_calls: int = 0  # ATen calls kept out of Inductor in the compiled graph (nki_exact ops, stores included)
 
 
-_SIMPLE = (int, float, bool, str, type(None), torch.dtype)
+_SIMPLE = (int, float, bool, str, type(None), torch.dtype, _dtypes.DType)
 
 
 def _constant(v) -> Any:
