@@ -503,7 +503,8 @@ def worker(name: str, phases: list[str], result_path: Path, rounds: int, round_m
     importlib.import_module("torch._inductor.compile_fx")  # imported before any timing
     compiled: dict[str, Any] = {}
     result["compiled"] = compiled
-    base = Path(tempfile.mkdtemp(prefix="model_suite_cache_"))
+    # In the directory the suite made for this process, which it removes (also after a timeout).
+    base = Path(tempfile.mkdtemp(prefix="model_suite_cache_", dir=result_path.parent))
     # A throw-away compile on each device: loads the compiler, so neither device's first compile pays for it.
     with _cache_dir(str(base / "warmup")):
         for device in ("cpu", "neuron"):
