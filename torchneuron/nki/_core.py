@@ -145,10 +145,10 @@ class Tile:
         return Ellipsis
 
     def __getitem__(self, index) -> "TileView":
-        return TileView(self, _index(index))
+        return TileView(self, _compose(Ellipsis, index, self.data))
 
     def __setitem__(self, index, value) -> None:
-        idx = _index(index)
+        idx = _compose(Ellipsis, index, self.data)
         assign(TileView(self, Ellipsis if idx == (Ellipsis,) else idx), value)
 
     @instruction
@@ -293,12 +293,33 @@ def _index(index):
     return tuple(out)
 
 
+def _axes_taken(index) -> Optional[int]:
+    """How many axes an index tuple consumes (None when it holds an Ellipsis: then it fits any tile)."""
+    n = 0
+    for i in index:
+        if i is Ellipsis:
+            return None
+        if i is None:
+            continue
+        n += i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
+    return n
+
+
 def _compose(outer, inner, data: torch.Tensor):
-    if outer is Ellipsis:
-        return _index(inner)
-    # A view of a view: index the flat positions of the first view.
-    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)[_index(inner)]
-    return ("flat", positions)
+    inner = _index(inner)
+    shape = tuple(_get(data, outer).shape)
+    taken = _axes_taken(inner)
+    extra = 0 if taken is None else taken - len(shape)
+    if outer is Ellipsis and extra <= 0:
+        return inner
+    # A view of a view: index the flat positions of the first view. A tile of shape [P] is the same
+    # elements as one of shape [P, 1] (as everywhere here: tiles align on the partition axis), so
+    # ``m[:, 0]`` of a view ``t[:, i]`` is ``t[:, i]`` itself, as NKI indexes such a view; an
+    # index past those unit axes raises IndexError as for any tensor.
+    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)
+    if extra > 0:
+        positions = positions.reshape(shape + (1,) * extra)
+    return ("flat", positions[inner])
 
 
 def written_anywhere(view) -> bool:
@@ -357,6 +378,8 @@ def both(shape, *masks) -> Optional[torch.Tensor]:
     for m in masks:
         if m.dim() < len(shape):  # tiles align on the partition axis
             m = m.reshape(tuple(m.shape) + (1,) * (len(shape) - m.dim()))
+        elif m.dim() > len(shape) and m.numel() == math.prod(shape):  # [P, 1] and [P]: the same elements
+            m = m.reshape(shape)
         m = m.expand(shape)
         out = m if out is None else out & m
     return out
