@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from . import _hardware as hw
-from . import _cost
+from . import _cost, _memory
 from ._run import _RUN, Instruction, KernelRun, _fake, annotate, fail, instruction, kernel_line, run  # noqa: F401
 
 class Buffer:
@@ -102,9 +102,15 @@ class Tile:
     A shape may mark its partition axis with ``nl.par_dim``; axes before it are block axes (a block
     of tiles, each with the partition axis)."""
 
+    # Its bytes in the buffer's memory when a direct allocator placed it (_memory.Placed), else None.
+    place = None
+
     def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
         r = run()
         dtype = as_dtype(dtype)
+        placement = None
+        if isinstance(buffer, _memory.Placement):
+            placement, buffer = buffer, buffer.buffer
         if isinstance(shape, (int, torch.SymInt)):
             shape = (shape,)
         pa = par_axis(tuple(shape))
@@ -117,8 +123,9 @@ class Tile:
             which = "its first" if pa == 0 else f"axis {pa}, marked nl.par_dim"
             fail(ValueError, f"a tile's partition axis ({which}) holds at most {hw.PMAX} partitions; "
                              f"got shape {shape} in {buffer!r}")
-        if buffer is psum and dtype not in (torch.float32, torch.int32):
-            fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
+        if buffer is psum and _itemsize(dtype) > 4:
+            fail(TypeError, f"a PSUM tile holds elements of 4 bytes at most (float32, int32, 16-bit and 8-bit "
+                            f"types), not {dtype}")
         per_partition = math.prod(shape[:pa] + shape[pa + 1:]) * _itemsize(dtype)
         if buffer is psum:
             banks = math.ceil(per_partition / hw.PSUM_BANK_BYTES)
@@ -127,6 +134,10 @@ class Tile:
         else:
             fail(ValueError, f"a tile lives in nl.sbuf or nl.psum, not {buffer!r}")
         self.shape, self.dtype, self.buffer = shape, dtype, buffer
+        if placement is not None and data is None:
+            self.place = _memory.place(placement, shape, dtype, pa)
+            if self.place is not None:  # placed at its addresses: checked there, not by liveness
+                data, per_partition, banks = self.place.data, 0, 0
         self.data = torch.empty(shape, dtype=dtype, device=r.device) if data is None else data
         # What was written: every element (``complete``), else the elements of ``mask`` (None: nothing yet).
         # Whole-tile writes, the common case, never touch a mask.
@@ -227,6 +238,29 @@ class TileView:
         return self
 
 
+def tensor_engine_writes(dst, value, accumulating: bool = False) -> None:
+    """Raise unless TensorE may write its result ``value`` (a PSUM tile it made) into the PSUM tile (view)
+    ``dst`` of dst's dtype. AWS (aws-neuron-sdk@81ce03a, nki/guides/architecture/): TensorE writes float32
+    into PSUM (trainium_inferentia2_arch.rst: "The PSUM accumulation is always done in FP32"); from
+    NeuronCore-v3 (trn2) its transpose mode writes a float16/bfloat16 transpose in the input's dtype
+    (trainium2_arch.rst, "FP16/BF16 PSUM output for FP16/BF16 transpose"); from NeuronCore-v4 (trn3) a
+    matmul writes, and accumulates into, bfloat16 too (trainium3_arch.rst, "BF16 Matmul Results in PSUM")."""
+    dtype = dst.tile.dtype
+    made = getattr(value, "_tensor_engine", None)  # (transpose mode, the input's dtype)
+    if made is None or dtype in (torch.float32, torch.int32):
+        return
+    gen = run().gen.name
+    transposed, source = made
+    if transposed and not accumulating and gen != "trn1" and dtype == source and \
+            dtype in (torch.float16, torch.bfloat16):
+        return
+    if gen == "trn3" and dtype == torch.bfloat16:
+        return
+    fail(TypeError, f"TensorE writes float32 into PSUM, not {dtype} (the PSUM tile written here): a float16/"
+                    f"bfloat16 PSUM tile takes a transpose (is_transpose=True) of its own dtype from trn2 on, "
+                    f"and a bfloat16 one any matmul result on trn3")
+
+
 def _fresh_psum(x) -> bool:
     """Whether ``x`` is a whole PSUM tile written and never read: a matmul's result, about to be taken
     into an accumulator."""
@@ -241,6 +275,10 @@ def assign(view, value) -> None:
     r = run()
     r.clock += 1
     fold = view.buffer is psum and _fresh_psum(value)
+    if fold:
+        tensor_engine_writes(view, value)
+    elif view.tile.place is not None and isinstance(value, Tile) and value.place is None and value._alloc.reads == 0:
+        fold = True  # an instruction's result assigned into a placed tile: it wrote there, taking no space
     write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
     if fold:
         value._alloc.folded = r.clock
@@ -253,6 +291,16 @@ def accumulate(dst, value) -> None:
     r = run()
     r.clock += 1
     fold = dst.buffer is psum and _fresh_psum(value)
+    if fold:
+        tensor_engine_writes(dst, value, accumulating=True)
+        if not written_anywhere(dst):
+            # The first matmul into a PSUM region writes it; the next ones accumulate (AWS,
+            # aws-neuron-sdk@81ce03a nki/guides/architecture/trainium_inferentia2_arch.rst: "the first write
+            # to a PSUM bank overwrites, and subsequent writes accumulate").
+            write(dst, read(value, "+="), "+=", valid=defined(value))
+            value._alloc.folded = r.clock
+            r.clock += 1
+            return
     a, b = read(dst, "+="), read(value, "+=")
     fa = a.float() if a.is_floating_point() else a
     fb = b.float() if isinstance(b, torch.Tensor) and b.is_floating_point() else b
@@ -360,7 +408,12 @@ def defined(x) -> Optional[torch.Tensor]:
     if not isinstance(x, (Tile, TileView)):
         return None
     t = x.tile
-    if t.complete or _fake(t.data):
+    if _fake(t.data):
+        return None
+    if t.place is not None:  # whatever wrote its bytes, through any tile placed over them
+        m = t.place.defined(x.index)
+        return None if bool(m.all()) else m
+    if t.complete:
         return None
     shape = _get(t.data, x.index).shape
     if t.mask is None:
@@ -424,6 +477,8 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
         value = torch.where(m, value, _get(t.data, dst.index))
     if valid is not None and (_fake(valid) or bool(valid.all())):
         valid = None
+    if t.place is not None and not _fake(t.data):
+        t.place.mark(dst.index, valid, m)
     if valid is not None:  # results computed from elements never written are not written either
         valid = valid.expand(target_shape)
         if t.complete:
@@ -439,13 +494,18 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
             if t.mask is None:
                 t.mask = torch.zeros(t.shape, dtype=torch.bool, device=t.data.device)
             _set(t.mask, dst.index, (_get(t.mask, dst.index) | m) if mask is not None else True)
-    _set(t.data, dst.index, value)
+    if t.place is not None and not _fake(t.data):
+        t.place.store(dst.index, value)  # through the memory: its bytes may be another tile's too
+    else:
+        _set(t.data, dst.index, value)
 
 
 def _get(t: torch.Tensor, index):
     if index is Ellipsis:
         return t
     if isinstance(index, tuple) and index and isinstance(index[0], str):
+        if not t.is_contiguous():  # a placed tile's strided view: gather in place, no copy of it all
+            return t[torch.unravel_index(index[1], t.shape)]
         return t.reshape(-1)[index[1]]
     return t[index]
 
