@@ -134,10 +134,9 @@ class Tile:
         else:
             fail(ValueError, f"a tile lives in nl.sbuf or nl.psum, not {buffer!r}")
         self.shape, self.dtype, self.buffer = shape, dtype, buffer
-        if placement is not None and data is None:
+        if placement is not None and data is None:  # placed at its addresses: checked there, not by liveness
             self.place = _memory.place(placement, shape, dtype, pa)
-            if self.place is not None:  # placed at its addresses: checked there, not by liveness
-                data, per_partition, banks = self.place.data, 0, 0
+            data, per_partition, banks = self.place.data, 0, 0
         self.data = torch.empty(shape, dtype=dtype, device=r.device) if data is None else data
         # What was written: every element (``complete``), else the elements of ``mask`` (None: nothing yet).
         # Whole-tile writes, the common case, never touch a mask.
@@ -336,7 +335,7 @@ def _index(index):
         if isinstance(i, IndexExpr):
             i = i.tensor
         elif isinstance(i, (Tile, TileView)):  # an indirect index: the values of a tile, read when it runs
-            i = _get(i.tile.data, i.index).to(torch.int64)
+            i = values(i.tile, i.index).to(torch.int64)
         out.append(i)
     return tuple(out)
 
@@ -392,7 +391,7 @@ def read(x, what: str) -> torch.Tensor:
         a = t._alloc
         a.last = t._run.clock
         a.reads += 1
-        return _get(t.data, x.index)
+        return values(t, x.index)
     if isinstance(x, (HbmTensor, HbmView)):
         fail(TypeError, f"{what} takes an on-chip tile, not a tensor in HBM: load it first (nl.load or "
                         f"nisa.dma_copy)")
@@ -474,7 +473,7 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
         mask = None
     if mask is not None:
         m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
-        value = torch.where(m, value, _get(t.data, dst.index))
+        value = torch.where(m, value, values(t, dst.index))
     if valid is not None and (_fake(valid) or bool(valid.all())):
         valid = None
     if t.place is not None and not _fake(t.data):
@@ -498,6 +497,13 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
         t.place.store(dst.index, value)  # through the memory: its bytes may be another tile's too
     else:
         _set(t.data, dst.index, value)
+
+
+def values(t: "Tile", index) -> torch.Tensor:
+    """The values of ``t[index]`` (a placed tile's from its memory, where other tiles may have written)."""
+    if t.place is not None and not _fake(t.data):
+        return t.place.load(index)
+    return _get(t.data, index)
 
 
 def _get(t: torch.Tensor, index):
@@ -591,7 +597,7 @@ class IndexExpr:
 
     def _bin(self, other, fn):
         if isinstance(other, (Tile, TileView)):  # a dynamic offset: the tile's values, read when it runs
-            other = IndexExpr(_get(other.tile.data, other.index).to(torch.int64))
+            other = IndexExpr(values(other.tile, other.index).to(torch.int64))
         return IndexExpr(fn(self.tensor, other.tensor if isinstance(other, IndexExpr) else other))
 
     def __add__(self, o): return self._bin(o, torch.add)

@@ -13,17 +13,14 @@ wrote is defined, and a store of bytes nobody wrote still raises.
 
 A placement must fit the memory (a ``MemoryError`` names the bytes) and follow the ISA's rules (a
 ``ValueError``): start partitions (0 above 64 partitions, 0/64 above 32, else 0/32/64/96), addresses
-aligned to the element size, a PSUM tile within one bank. A placement of the logical tiles that is not
-affine in the block index (a modulo allocation with more than one but fewer physical tiles than logical
-ones along an axis, or an ``alloc`` function that is not affine) cannot be one strided view: such a tensor
-keeps memory of its own (its logical tiles do not share bytes with each other or with other tensors),
-which a debug log line says.
+aligned to the element size, a PSUM tile within one bank. Reads and writes of a placed tile go through
+the element offsets of its elements in the memory, so any placement is exact, modulo allocation with
+fewer physical tiles than logical ones included (logical tiles i and i + n are one physical tile).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from functools import reduce
 from operator import mul
@@ -34,7 +31,6 @@ import torch
 from . import _hardware as hw
 from ._run import fail, run
 
-_LOG = logging.getLogger("torchneuron")
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 _WRITTEN = {1: 0x01, 2: 0x0101, 4: 0x01010101}  # every byte of an element marked written
@@ -98,32 +94,34 @@ def _memory(buffer: str) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 class Placed:
-    """A tile's bytes in its buffer's memory: ``data`` (a strided view), and how to write and check them."""
+    """A tile's bytes in its buffer's memory: ``data`` (a strided view of them when the placement is affine
+    in the block index, else a tensor of the tile's shape whose contents are not used), and how to read,
+    write and check them (through the element offsets of every element, the one path for both)."""
 
-    def __init__(self, buffer: str, shape, dtype: torch.dtype, base: int, strides):
+    def __init__(self, buffer: str, shape, dtype: torch.dtype, offsets: torch.Tensor,
+                 view: Optional[Tuple[int, tuple]] = None):
         memory, written = _memory(buffer)
         size = torch.empty((), dtype=dtype).element_size()
-        self.dtype, self.shape, self.base, self.strides = dtype, tuple(shape), base, tuple(strides)
-        typed = memory.view(dtype)
-        self.data = typed.as_strided(self.shape, self.strides, base)
+        self.dtype, self.shape = dtype, tuple(shape)
+        if view is not None:
+            base, strides = view
+            self.data = memory.view(dtype).as_strided(self.shape, strides, base)
+        else:
+            self.data = torch.empty(self.shape, dtype=dtype, device=memory.device)
+        self._offsets = offsets
         self._flat = memory.view(_SIGNED.get(dtype, dtype)).view(-1)
         self._written = written.view(_INT_OF_SIZE[size]).view(-1)
         self._pattern = _WRITTEN[size]
-        self._offsets: Optional[torch.Tensor] = None
 
     def offsets(self, index) -> torch.Tensor:
         """The element offsets into the memory (in the tile's dtype) of ``tile[index]``."""
         from ._core import _get
 
-        if self._offsets is None:
-            device = self.data.device
-            off = torch.full((), self.base, dtype=torch.int64, device=device)
-            for axis, (n, s) in enumerate(zip(self.shape, self.strides)):
-                view = [1] * len(self.shape)
-                view[axis] = n
-                off = off + torch.arange(n, device=device).reshape(view) * s
-            self._offsets = off.expand(self.shape).contiguous()
         return _get(self._offsets, index)
+
+    def load(self, index) -> torch.Tensor:
+        v = self._flat[self.offsets(index)]
+        return v.view(self.dtype) if self.dtype in _SIGNED else v
 
     def store(self, index, value: torch.Tensor) -> None:
         off = self.offsets(index)
@@ -146,9 +144,9 @@ class Placed:
         return self._written[self.offsets(index)] == self._pattern
 
 
-def place(placement: Placement, shape: Tuple[int, ...], dtype: torch.dtype, pa: int) -> Optional[Placed]:
+def place(placement: Placement, shape: Tuple[int, ...], dtype: torch.dtype, pa: int) -> Placed:
     """The bytes of a tile of ``shape`` (partition axis ``pa``) placed by ``placement``, checked against the
-    target's memory and the ISA's rules; None when the placement is not one strided view (see the module)."""
+    target's memory and the ISA's rules."""
     buffer = placement.buffer.name
     gen = run().gen
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -183,16 +181,25 @@ def place(placement: Placement, shape: Tuple[int, ...], dtype: torch.dtype, pa: 
             fail(ValueError, f"{placement!r}: logical tile {idx} at byte {addr} is not aligned to its "
                              f"{itemsize}-byte elements ({dtype})")
         offsets[idx] = partition * row + addr // itemsize
+    device = run().device
+    # Within a logical tile: partitions a row of the memory apart, its free axes packed (row-major).
+    free_strides = [math.prod(free[i + 1:]) for i in range(len(free))]
+    within = torch.zeros((), dtype=torch.int64, device=device)
+    for axis, (n, st) in enumerate(zip((pdim,) + tuple(free), [row] + free_strides)):
+        view = [1] * (1 + len(free))
+        view[axis] = n
+        within = within + torch.arange(n, device=device).reshape(view) * st
+    table = torch.tensor([offsets[idx] for idx in itertools.product(*(range(n) for n in blocks))],
+                         dtype=torch.int64, device=device).reshape(tuple(blocks) + (1,) * (1 + len(free)))
+    all_offsets = (table + within).expand(shape).contiguous()
+    # A placement affine in the block index is one strided view of the memory as well.
     zero = (0,) * len(blocks)
-    base = offsets[zero] if blocks else offsets[()]
+    base = offsets[zero]
     block_strides = []
     for axis, n in enumerate(blocks):
         unit = tuple(1 if a == axis else 0 for a in range(len(blocks)))
         block_strides.append(offsets[unit] - base if n > 1 else 0)
-    affine = all(off == base + sum(i * s for i, s in zip(idx, block_strides)) for idx, off in offsets.items())
-    if not affine or any(s < 0 for s in block_strides):
-        _LOG.debug("%s: the placement of a %s tensor of shape %s is not affine in its block index; it keeps "
-                   "memory of its own (no aliasing emulated)", placement, dtype, shape)
-        return None
-    free_strides = [math.prod(free[i + 1:]) for i in range(len(free))]
-    return Placed(buffer, shape, dtype, base, block_strides + [row] + free_strides)
+    affine = all(s >= 0 for s in block_strides) and all(
+        off == base + sum(i * s for i, s in zip(idx, block_strides)) for idx, off in offsets.items())
+    view = (base, tuple(block_strides) + (row,) + tuple(free_strides)) if affine else None
+    return Placed(buffer, shape, dtype, all_offsets, view)

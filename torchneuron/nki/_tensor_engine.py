@@ -8,8 +8,8 @@ import torch
 from . import _cost
 from . import _hardware as hw
 from ._calling import _deliver, _split_dst, _take
-from ._core import (_get, both, defined, fail, instruction, psum, read, tensor_engine_writes, touch, write,
-                    written_anywhere)
+from ._core import (_get, both, defined, fail, instruction, psum, read, tensor_engine_writes, touch, values,
+                    write, written_anywhere)
 
 
 @instruction
@@ -70,7 +70,7 @@ def nc_matmul(*args, **kwargs):
         return out
     if dst.buffer is not psum:
         fail(ValueError, "nc_matmul writes its result to a PSUM tile")
-    current = _get(dst.tile.data, dst.index)
+    current = values(dst.tile, dst.index)
     if current.shape != result.shape:
         fail(ValueError, f"nc_matmul: a result of shape {tuple(result.shape)} into a destination of shape "
                          f"{tuple(current.shape)}")
