@@ -273,6 +273,16 @@ def assign(view, value) -> None:
         return
     r = run()
     r.clock += 1
+    reduce = getattr(value, "_loop_reduce", None)
+    if reduce is not None:  # nl.loop_reduce: the accumulator is the op's other input
+        fn, mask = reduce
+        a, b = read(view, "nl.loop_reduce"), read(value, "nl.loop_reduce")
+        fa, fb = (a.float(), b.float()) if a.is_floating_point() else (a, b)
+        if fb.dim() != fa.dim() and fb.numel() == fa.numel():
+            fb = fb.reshape(fa.shape)
+        write(view, fn(fa, fb), "nl.loop_reduce", mask, valid=both(tuple(a.shape), defined(view), defined(value)))
+        r.clock += 1
+        return
     fold = view.buffer is psum and _fresh_psum(value)
     if fold:
         tensor_engine_writes(view, value)
@@ -323,7 +333,7 @@ def _reshape(x, shape) -> "TileView":
         fail(ValueError, f"reshape: a tile of shape {current} reshapes to a shape with the same partitions "
                          f"({current[0]}) and elements ({math.prod(current)}), got {shape}")
     data = x.tile.data
-    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), x.index)
+    positions = _positions(data, x.index)
     return TileView(x.tile, ("flat", positions.reshape(shape)))
 
 
@@ -352,6 +362,24 @@ def _axes_taken(index) -> Optional[int]:
     return n
 
 
+def _positions(data: torch.Tensor, index) -> torch.Tensor:
+    """The row-major flat positions in ``data`` of the elements of ``data[index]``, computed in the size of
+    the view (not of the tile: a view of a view of a large block tile costs its own size)."""
+    if isinstance(index, tuple) and index and isinstance(index[0], str):
+        return index[1]  # already flat positions
+    basic = index is Ellipsis or all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in
+                                     (index if isinstance(index, tuple) else (index,)))
+    if not basic or _fake(data):
+        return _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), index)
+    v = torch.empty(data.shape, device="meta")[index]  # the view's shape, strides and offset, row-major
+    positions = torch.full((), v.storage_offset(), dtype=torch.int64, device=data.device)
+    for axis, (n, stride) in enumerate(zip(v.shape, v.stride())):
+        shape = [1] * v.dim()
+        shape[axis] = n
+        positions = positions + torch.arange(n, device=data.device).reshape(shape) * stride
+    return positions.expand(v.shape)
+
+
 def _compose(outer, inner, data: torch.Tensor):
     inner = _index(inner)
     shape = tuple(_get(data, outer).shape)
@@ -363,7 +391,7 @@ def _compose(outer, inner, data: torch.Tensor):
     # elements as one of shape [P, 1] (as everywhere here: tiles align on the partition axis), so
     # ``m[:, 0]`` of a view ``t[:, i]`` is ``t[:, i]`` itself, as NKI indexes such a view; an
     # index past those unit axes raises IndexError as for any tensor.
-    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)
+    positions = _positions(data, outer)
     if extra > 0:
         positions = positions.reshape(shape + (1,) * extra)
     return ("flat", positions[inner])
