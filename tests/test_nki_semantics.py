@@ -1,8 +1,10 @@
 """NKI semantics AWS's reference kernels rely on: views of views indexed down to a partition column,
 [P, 1] operands of [P] tiles, reductions of unsigned 32-bit tiles, 16-bit PSUM tiles (TensorE's transpose
-mode from trn2 on, its bfloat16 results on trn3), and a matmul's first ``+=`` into PSUM writing it.
-Kernels written here, each checked against PyTorch on the CPU."""
+mode from trn2 on, its bfloat16 results on trn3), a matmul's first ``+=`` into PSUM writing it, helper
+kernels inlined into their caller, and ``nl.loop_reduce``. Kernels written here, each checked against
+PyTorch on the CPU."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -145,3 +147,47 @@ def test_the_first_matmul_added_into_unwritten_psum_writes_it():
 
     a, b = torch.randn(512, 128), torch.randn(512, 512)
     torch.testing.assert_close(mm(a.to("neuron"), b.to("neuron")).cpu(), a.T @ b, rtol=1e-4, atol=1e-4)
+
+
+@nki.jit(mode="trace")
+def _scale_rows_into(dst, src, factor):  # a helper kernel, as AWS's reference kernels write them
+    dst[...] = nl.multiply(src, factor * (nl.program_id(axis=0) + 1))
+
+
+def test_a_helper_kernel_runs_in_its_callers_program():
+    @nki.jit
+    def scaled(x):  # program p scales its rows by 2 * (p + 1)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        p = nl.program_id(axis=0)
+        t = nl.load(x[p])
+        r = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.sbuf)
+        _scale_rows_into(r, t, 2.0)
+        nl.store(out[p], value=r)
+        return out
+
+    x = torch.randn(3, 128, 64)
+    want = x * torch.tensor([2.0, 4.0, 6.0]).reshape(3, 1, 1)
+    with nki.record_calls() as calls:
+        got = scaled[3](x.to("neuron")).cpu()
+    torch.testing.assert_close(got, want)
+    # one kernel call: the helper's instructions are the caller's, one multiply per program
+    assert len(calls) == 1 and [i.name for i in calls[0].instructions].count("multiply") == 3
+
+
+def test_loop_reduce_accumulates_into_its_destination():
+    @nki.jit
+    def column_sums(x):  # x: [4, 128, 64]; the sum and the max over the first axis
+        out = nl.ndarray((2, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((2, nl.par_dim(128), 64), dtype=nl.float32, buffer=nl.sbuf)
+        acc[1] = nl.full((128, 64), -1e30, dtype=nl.float32)
+        for i in nl.affine_range(4):
+            t = nl.load(x[i])
+            acc[0, :, :] = nl.loop_reduce(t, op=np.add, loop_indices=(i,), dtype=nl.float32)
+            acc[1, :, :] = nl.loop_reduce(t, op=np.maximum, loop_indices=(i,), dtype=nl.float32)
+        nl.store(out[0], value=acc[0])
+        nl.store(out[1], value=acc[1])
+        return out
+
+    x = torch.randn(4, 128, 64)
+    got = column_sums(x.to("neuron")).cpu()
+    torch.testing.assert_close(got, torch.stack([x.sum(0), x.amax(0)]))
