@@ -91,8 +91,6 @@ UNSUPPORTED: Dict[Tuple[str, str], str] = {
                                 "kernels take neuron tensors directly",
     ("nki.compiler", "profile"): f"{_HW} (as nki.profile)",
     ("nki.language", "all_reduce"): "a collective across the NeuronCores of an SPMD grid; one emulated core here",
-    ("nki.language", "loop_reduce"): "a compiler transformation of a loop; accumulate explicitly "
-                                     "(raises NotImplementedError)",
     ("nki.language", "gemm_grid"): "undocumented (no description in AWS's reference)",
     ("nki.language", "gemm_stationary_grid"): "undocumented (no description in AWS's reference)",
     ("nki.language", "NkiTensor"): "the newer NKI's tensor class with view methods (slice, select, permute, view, "
