@@ -371,13 +371,43 @@ def _positions(data: torch.Tensor, index) -> torch.Tensor:
                                      (index if isinstance(index, tuple) else (index,)))
     if not basic or _fake(data):
         return _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), index)
-    v = torch.empty(data.shape, device="meta")[index]  # the view's shape, strides and offset, row-major
-    positions = torch.full((), v.storage_offset(), dtype=torch.int64, device=data.device)
-    for axis, (n, stride) in enumerate(zip(v.shape, v.stride())):
-        shape = [1] * v.dim()
+    offset, sizes, strides = _basic_view(tuple(data.shape), index)
+    positions = torch.full((), offset, dtype=torch.int64, device=data.device)
+    for axis, (n, stride) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
         shape[axis] = n
         positions = positions + torch.arange(n, device=data.device).reshape(shape) * stride
-    return positions.expand(v.shape)
+    return positions.expand(tuple(sizes))
+
+
+def _basic_view(shape: Tuple[int, ...], index):
+    """The offset, sizes and strides of ``x[index]`` for a row-major ``x`` of ``shape`` and a basic index
+    (integers, slices, None, one Ellipsis), in plain integers (nothing traced)."""
+    index = (index,) if not isinstance(index, tuple) else index
+    if any(i is Ellipsis for i in index):
+        at = next(k for k, i in enumerate(index) if i is Ellipsis)
+        taken = sum(1 for i in index if i is not None and i is not Ellipsis)
+        index = index[:at] + (slice(None),) * (len(shape) - taken) + index[at + 1:]
+    index = index + (slice(None),) * (len(shape) - sum(1 for i in index if i is not None))
+    contiguous = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    offset, sizes, strides, d = 0, [], [], 0
+    for i in index:
+        if i is None:
+            sizes.append(1)
+            strides.append(0)
+            continue
+        n = shape[d]
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            sizes.append(len(range(start, stop, step)))
+            strides.append(contiguous[d] * step)
+            offset += start * contiguous[d]
+        else:
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {n}")
+            offset += (i % n) * contiguous[d]
+        d += 1
+    return offset, sizes, strides
 
 
 def _compose(outer, inner, data: torch.Tensor):
