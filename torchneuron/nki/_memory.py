@@ -114,10 +114,13 @@ class Placed:
         self._pattern = _WRITTEN[size]
 
     def offsets(self, index) -> torch.Tensor:
-        """The element offsets into the memory (in the tile's dtype) of ``tile[index]``."""
-        from ._core import _get
-
-        return _get(self._offsets, index)
+        """The element offsets into the memory (in the tile's dtype) of ``tile[index]`` (an index as
+        _core keeps it: Ellipsis, a tuple, or ("flat", positions) in row-major order)."""
+        if index is Ellipsis:
+            return self._offsets
+        if isinstance(index, tuple) and index and isinstance(index[0], str):
+            return self._offsets.view(-1)[index[1]]
+        return self._offsets[index]
 
     def load(self, index) -> torch.Tensor:
         v = self._flat[self.offsets(index)]
