@@ -191,3 +191,23 @@ def test_loop_reduce_accumulates_into_its_destination():
     x = torch.randn(4, 128, 64)
     got = column_sums(x.to("neuron")).cpu()
     torch.testing.assert_close(got, torch.stack([x.sum(0), x.amax(0)]))
+
+
+def test_a_masked_instructions_result_assigned_leaves_the_rest():
+    # `dst[...] = nisa.affine_select(..., mask=m)`: the instruction writes dst where its mask holds; where it
+    # does not (a False mask: not at all) dst keeps its values, as AWS's flash attention relies on.
+    @nki.jit
+    def select_some(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t[...] = nisa.affine_select(pred=(i_p >= i_f), on_true_tile=t, on_false_value=-1.0, dtype=nl.float32,
+                                    mask=False)  # skipped
+        t[...] = nl.multiply(t, 2.0, mask=(i_f < 32))  # columns 0..31 doubled, 32..63 kept
+        nl.store(out, value=t)
+        return out
+
+    x = torch.randn(128, 64)
+    want = x.clone()
+    want[:, :32] *= 2.0
+    torch.testing.assert_close(select_some(x.to("neuron")).cpu(), want)

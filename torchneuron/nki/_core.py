@@ -104,6 +104,8 @@ class Tile:
 
     # Its bytes in the buffer's memory when a direct allocator placed it (_memory.Placed), else None.
     place = None
+    # For the result of an instruction run under a mask: where the mask was off (see write and assign).
+    unexecuted: Optional[torch.Tensor] = None
 
     def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
         r = run()
@@ -281,6 +283,18 @@ def assign(view, value) -> None:
         if fb.dim() != fa.dim() and fb.numel() == fa.numel():
             fb = fb.reshape(fa.shape)
         write(view, fn(fa, fb), "nl.loop_reduce", mask, valid=both(tuple(a.shape), defined(view), defined(value)))
+        r.clock += 1
+        return
+    unexecuted = getattr(value, "unexecuted", None) if isinstance(value, Tile) and value._alloc.reads == 0 else None
+    if unexecuted is not None:  # a masked instruction's result: it writes where its mask holds, nowhere else
+        if bool(unexecuted.all()):
+            r.clock += 1
+            return
+        target = _get(view.tile.data, view.index).shape
+        keep = ~unexecuted
+        if keep.shape != target and keep.numel() == math.prod(target):
+            keep = keep.reshape(target)
+        write(view, read(value, "tile assignment"), "tile assignment", keep, valid=defined(value))
         r.clock += 1
         return
     fold = view.buffer is psum and _fresh_psum(value)
@@ -532,6 +546,11 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
     if mask is not None:
         m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
         value = torch.where(m, value, values(t, dst.index))
+        if dst is t and not t.complete and t.mask is None and t._alloc.reads == 0 and not _fake(m) \
+                and not _fake(t.data):
+            # an instruction's new result, computed under a mask: where the mask is off the instruction did
+            # not run, so the destination it is assigned into keeps what it held there (assign)
+            t.unexecuted = ~m
     if valid is not None and (_fake(valid) or bool(valid.all())):
         valid = None
     if t.place is not None and not _fake(t.data):
