@@ -109,10 +109,19 @@ def test_the_chips_limits_raise_at_the_kernels_line():
     assert "never written" in _kernel_error(uninitialized, x, kind=RuntimeError)
 
     @nki.jit
-    def bf16_psum(t):
-        return nl.ndarray((128, 512), nl.bfloat16, buffer=nl.psum)
+    def bf16_psum(t):  # trn2 (the default): TensorE writes a matmul's result into PSUM as float32
+        acc = nl.ndarray((128, 512), nl.bfloat16, buffer=nl.psum)
+        a = nl.load(t[0:128, :], dtype=nl.bfloat16)
+        acc[...] = nisa.nc_matmul(a[:, 0:128], a)
+        return acc
 
-    assert "PSUM holds float32" in _kernel_error(bf16_psum, x, kind=TypeError)
+    assert "TensorE writes float32 into PSUM" in _kernel_error(bf16_psum, x, kind=TypeError)
+
+    @nki.jit
+    def f64_psum(t):
+        return nl.ndarray((128, 256), torch.float64, buffer=nl.psum)
+
+    assert "4 bytes at most" in _kernel_error(f64_psum, x, kind=TypeError)
 
     @nki.jit
     def partition_reduce(t):

@@ -164,6 +164,10 @@ class Kernel:
         return Kernel(self.fn, tuple(int(g) for g in grid), self.platform_target)
 
     def __call__(self, *args, **kwargs):
+        if not self.grid and _RUN.get() is not None:
+            # A kernel called by a kernel (AWS's helpers, @nki.jit(mode='trace')): inlined, as NKI traces it
+            # into its caller: the caller's program (nl.program_id), tiles, memory and instruction list.
+            return self.fn(*args, **kwargs)
         if _numpy_call(args, kwargs):  # AWS's "auto" mode: numpy arrays in, numpy arrays out
             return _run_numpy(self, "nki.jit", args, kwargs)[0]
         token = _hardware.TARGET.set(self.platform_target)

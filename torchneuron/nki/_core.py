@@ -15,8 +15,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from . import _hardware as hw
-from . import _cost
-from . import _dtypes
+from . import _cost, _dtypes, _memory
 from ._run import _RUN, Instruction, KernelRun, _fake, annotate, fail, instruction, kernel_line, run  # noqa: F401
 
 class Buffer:
@@ -109,9 +108,17 @@ class Tile:
     A shape may mark its partition axis with ``nl.par_dim``; axes before it are block axes (a block
     of tiles, each with the partition axis)."""
 
+    # Its bytes in the buffer's memory when a direct allocator placed it (_memory.Placed), else None.
+    place = None
+    # For the result of an instruction run under a mask: where the mask was off (see write and assign).
+    unexecuted: Optional[torch.Tensor] = None
+
     def __init__(self, shape, dtype: torch.dtype, buffer: Buffer, data: Optional[torch.Tensor] = None):
         r = run()
         dtype = as_dtype(dtype)
+        placement = None
+        if isinstance(buffer, _memory.Placement):
+            placement, buffer = buffer, buffer.buffer
         if isinstance(shape, (int, torch.SymInt)):
             shape = (shape,)
         pa = par_axis(tuple(shape))
@@ -124,8 +131,9 @@ class Tile:
             which = "its first" if pa == 0 else f"axis {pa}, marked nl.par_dim"
             fail(ValueError, f"a tile's partition axis ({which}) holds at most {hw.PMAX} partitions; "
                              f"got shape {shape} in {buffer!r}")
-        if buffer is psum and dtype not in (torch.float32, torch.int32):
-            fail(TypeError, f"PSUM holds float32 or int32 accumulations, not {dtype}")
+        if buffer is psum and _itemsize(dtype) > 4:
+            fail(TypeError, f"a PSUM tile holds elements of 4 bytes at most (float32, int32, 16-bit and 8-bit "
+                            f"types), not {dtype}")
         per_partition = math.prod(shape[:pa] + shape[pa + 1:]) * _itemsize(dtype)
         if buffer is psum:
             banks = math.ceil(per_partition / hw.PSUM_BANK_BYTES)
@@ -134,6 +142,9 @@ class Tile:
         else:
             fail(ValueError, f"a tile lives in nl.sbuf or nl.psum, not {buffer!r}")
         self.shape, self.dtype, self.buffer = shape, dtype, buffer
+        if placement is not None and data is None:  # placed at its addresses: checked there, not by liveness
+            self.place = _memory.place(placement, shape, dtype, pa)
+            data, per_partition, banks = self.place.data, 0, 0
         self.data = torch.empty(shape, dtype=dtype, device=r.device) if data is None else data
         # What was written: every element (``complete``), else the elements of ``mask`` (None: nothing yet).
         # Whole-tile writes, the common case, never touch a mask.
@@ -152,10 +163,10 @@ class Tile:
         return Ellipsis
 
     def __getitem__(self, index) -> "TileView":
-        return TileView(self, _index(index))
+        return TileView(self, _compose(Ellipsis, index, self.data))
 
     def __setitem__(self, index, value) -> None:
-        idx = _index(index)
+        idx = _compose(Ellipsis, index, self.data)
         assign(TileView(self, Ellipsis if idx == (Ellipsis,) else idx), value)
 
     @instruction
@@ -234,6 +245,29 @@ class TileView:
         return self
 
 
+def tensor_engine_writes(dst, value, accumulating: bool = False) -> None:
+    """Raise unless TensorE may write its result ``value`` (a PSUM tile it made) into the PSUM tile (view)
+    ``dst`` of dst's dtype. AWS (aws-neuron-sdk@81ce03a, nki/guides/architecture/): TensorE writes float32
+    into PSUM (trainium_inferentia2_arch.rst: "The PSUM accumulation is always done in FP32"); from
+    NeuronCore-v3 (trn2) its transpose mode writes a float16/bfloat16 transpose in the input's dtype
+    (trainium2_arch.rst, "FP16/BF16 PSUM output for FP16/BF16 transpose"); from NeuronCore-v4 (trn3) a
+    matmul writes, and accumulates into, bfloat16 too (trainium3_arch.rst, "BF16 Matmul Results in PSUM")."""
+    dtype = dst.tile.dtype
+    made = getattr(value, "_tensor_engine", None)  # (transpose mode, the input's dtype)
+    if made is None or dtype in (torch.float32, torch.int32):
+        return
+    gen = run().gen.name
+    transposed, source = made
+    if transposed and not accumulating and gen != "trn1" and dtype == source and \
+            dtype in (torch.float16, torch.bfloat16):
+        return
+    if gen == "trn3" and dtype == torch.bfloat16:
+        return
+    fail(TypeError, f"TensorE writes float32 into PSUM, not {dtype} (the PSUM tile written here): a float16/"
+                    f"bfloat16 PSUM tile takes a transpose (is_transpose=True) of its own dtype from trn2 on, "
+                    f"and a bfloat16 one any matmul result on trn3")
+
+
 def _fresh_psum(x) -> bool:
     """Whether ``x`` is a whole PSUM tile written and never read: a matmul's result, about to be taken
     into an accumulator."""
@@ -247,7 +281,33 @@ def assign(view, value) -> None:
         return
     r = run()
     r.clock += 1
+    reduce = getattr(value, "_loop_reduce", None)
+    if reduce is not None:  # nl.loop_reduce: the accumulator is the op's other input
+        fn, mask = reduce
+        a, b = read(view, "nl.loop_reduce"), read(value, "nl.loop_reduce")
+        fa, fb = (a.float(), b.float()) if a.is_floating_point() else (a, b)
+        if fb.dim() != fa.dim() and fb.numel() == fa.numel():
+            fb = fb.reshape(fa.shape)
+        write(view, fn(fa, fb), "nl.loop_reduce", mask, valid=both(tuple(a.shape), defined(view), defined(value)))
+        r.clock += 1
+        return
+    unexecuted = getattr(value, "unexecuted", None) if isinstance(value, Tile) and value._alloc.reads == 0 else None
+    if unexecuted is not None:  # a masked instruction's result: it writes where its mask holds, nowhere else
+        if bool(unexecuted.all()):
+            r.clock += 1
+            return
+        target = _get(view.tile.data, view.index).shape
+        keep = ~unexecuted
+        if keep.shape != target and keep.numel() == math.prod(target):
+            keep = keep.reshape(target)
+        write(view, read(value, "tile assignment"), "tile assignment", keep, valid=defined(value))
+        r.clock += 1
+        return
     fold = view.buffer is psum and _fresh_psum(value)
+    if fold:
+        tensor_engine_writes(view, value)
+    elif view.tile.place is not None and isinstance(value, Tile) and value.place is None and value._alloc.reads == 0:
+        fold = True  # an instruction's result assigned into a placed tile: it wrote there, taking no space
     write(view, read(value, "tile assignment"), "tile assignment", valid=defined(value))
     if fold:
         value._alloc.folded = r.clock
@@ -260,6 +320,16 @@ def accumulate(dst, value) -> None:
     r = run()
     r.clock += 1
     fold = dst.buffer is psum and _fresh_psum(value)
+    if fold:
+        tensor_engine_writes(dst, value, accumulating=True)
+        if not written_anywhere(dst):
+            # The first matmul into a PSUM region writes it; the next ones accumulate (AWS,
+            # aws-neuron-sdk@81ce03a nki/guides/architecture/trainium_inferentia2_arch.rst: "the first write
+            # to a PSUM bank overwrites, and subsequent writes accumulate").
+            write(dst, read(value, "+="), "+=", valid=defined(value))
+            value._alloc.folded = r.clock
+            r.clock += 1
+            return
     a, b = read(dst, "+="), read(value, "+=")
     fa = a.float() if a.is_floating_point() else a
     fb = b.float() if isinstance(b, torch.Tensor) and b.is_floating_point() else b
@@ -283,7 +353,7 @@ def _reshape(x, shape) -> "TileView":
         fail(ValueError, f"reshape: a tile of shape {current} reshapes to a shape with the same partitions "
                          f"({current[0]}) and elements ({math.prod(current)}), got {shape}")
     data = x.tile.data
-    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), x.index)
+    positions = _positions(data, x.index)
     return TileView(x.tile, ("flat", positions.reshape(shape)))
 
 
@@ -295,17 +365,86 @@ def _index(index):
         if isinstance(i, IndexExpr):
             i = i.tensor
         elif isinstance(i, (Tile, TileView)):  # an indirect index: the values of a tile, read when it runs
-            i = _get(i.tile.data, i.index).to(torch.int64)
+            i = values(i.tile, i.index).to(torch.int64)
         out.append(i)
     return tuple(out)
 
 
+def _axes_taken(index) -> Optional[int]:
+    """How many axes an index tuple consumes (None when it holds an Ellipsis: then it fits any tile)."""
+    n = 0
+    for i in index:
+        if i is Ellipsis:
+            return None
+        if i is None:
+            continue
+        n += i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else 1
+    return n
+
+
+def _positions(data: torch.Tensor, index) -> torch.Tensor:
+    """The row-major flat positions in ``data`` of the elements of ``data[index]``, computed in the size of
+    the view (not of the tile: a view of a view of a large block tile costs its own size)."""
+    if isinstance(index, tuple) and index and isinstance(index[0], str):
+        return index[1]  # already flat positions
+    basic = index is Ellipsis or all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in
+                                     (index if isinstance(index, tuple) else (index,)))
+    if not basic or _fake(data):
+        return _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), index)
+    offset, sizes, strides = _basic_view(tuple(data.shape), index)
+    positions = torch.full((), offset, dtype=torch.int64, device=data.device)
+    for axis, (n, stride) in enumerate(zip(sizes, strides)):
+        shape = [1] * len(sizes)
+        shape[axis] = n
+        positions = positions + torch.arange(n, device=data.device).reshape(shape) * stride
+    return positions.expand(tuple(sizes))
+
+
+def _basic_view(shape: Tuple[int, ...], index):
+    """The offset, sizes and strides of ``x[index]`` for a row-major ``x`` of ``shape`` and a basic index
+    (integers, slices, None, one Ellipsis), in plain integers (nothing traced)."""
+    index = (index,) if not isinstance(index, tuple) else index
+    if any(i is Ellipsis for i in index):
+        at = next(k for k, i in enumerate(index) if i is Ellipsis)
+        taken = sum(1 for i in index if i is not None and i is not Ellipsis)
+        index = index[:at] + (slice(None),) * (len(shape) - taken) + index[at + 1:]
+    index = index + (slice(None),) * (len(shape) - sum(1 for i in index if i is not None))
+    contiguous = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    offset, sizes, strides, d = 0, [], [], 0
+    for i in index:
+        if i is None:
+            sizes.append(1)
+            strides.append(0)
+            continue
+        n = shape[d]
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n)
+            sizes.append(len(range(start, stop, step)))
+            strides.append(contiguous[d] * step)
+            offset += start * contiguous[d]
+        else:
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {n}")
+            offset += (i % n) * contiguous[d]
+        d += 1
+    return offset, sizes, strides
+
+
 def _compose(outer, inner, data: torch.Tensor):
-    if outer is Ellipsis:
-        return _index(inner)
-    # A view of a view: index the flat positions of the first view.
-    positions = _get(torch.arange(data.numel(), device=data.device).reshape(data.shape), outer)[_index(inner)]
-    return ("flat", positions)
+    inner = _index(inner)
+    shape = tuple(_get(data, outer).shape)
+    taken = _axes_taken(inner)
+    extra = 0 if taken is None else taken - len(shape)
+    if outer is Ellipsis and extra <= 0:
+        return inner
+    # A view of a view: index the flat positions of the first view. A tile of shape [P] is the same
+    # elements as one of shape [P, 1] (as everywhere here: tiles align on the partition axis), so
+    # ``m[:, 0]`` of a view ``t[:, i]`` is ``t[:, i]`` itself, as NKI indexes such a view; an
+    # index past those unit axes raises IndexError as for any tensor.
+    positions = _positions(data, outer)
+    if extra > 0:
+        positions = positions.reshape(shape + (1,) * extra)
+    return ("flat", positions[inner])
 
 
 def written_anywhere(view) -> bool:
@@ -331,7 +470,7 @@ def read(x, what: str) -> torch.Tensor:
         a = t._alloc
         a.last = t._run.clock
         a.reads += 1
-        return _get(t.data, x.index)
+        return values(t, x.index)
     if isinstance(x, (HbmTensor, HbmView)):
         fail(TypeError, f"{what} takes an on-chip tile, not a tensor in HBM: load it first (nl.load or "
                         f"nisa.dma_copy)")
@@ -348,7 +487,12 @@ def defined(x) -> Optional[torch.Tensor]:
         return None
     t = x.tile
     _pull(t)
-    if t.complete or _fake(t.data):
+    if _fake(t.data):
+        return None
+    if t.place is not None:  # whatever wrote its bytes, through any tile placed over them
+        m = t.place.defined(x.index)
+        return None if bool(m.all()) else m
+    if t.complete:
         return None
     shape = _get(t.data, x.index).shape
     if t.mask is None:
@@ -366,6 +510,8 @@ def both(shape, *masks) -> Optional[torch.Tensor]:
     for m in masks:
         if m.dim() < len(shape):  # tiles align on the partition axis
             m = m.reshape(tuple(m.shape) + (1,) * (len(shape) - m.dim()))
+        elif m.dim() > len(shape) and m.numel() == math.prod(shape):  # [P, 1] and [P]: the same elements
+            m = m.reshape(shape)
         m = m.expand(shape)
         out = m if out is None else out & m
     return out
@@ -408,9 +554,16 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
         mask = None
     if mask is not None:
         m = torch.as_tensor(mask.tensor if isinstance(mask, IndexExpr) else mask, device=value.device).expand(target_shape)
-        value = torch.where(m, value, _get(t.data, dst.index))
+        value = torch.where(m, value, values(t, dst.index))
+        if dst is t and not t.complete and t.mask is None and t._alloc.reads == 0 and not _fake(m) \
+                and not _fake(t.data):
+            # an instruction's new result, computed under a mask: where the mask is off the instruction did
+            # not run, so the destination it is assigned into keeps what it held there (assign)
+            t.unexecuted = ~m
     if valid is not None and (_fake(valid) or bool(valid.all())):
         valid = None
+    if t.place is not None and not _fake(t.data):
+        t.place.mark(dst.index, valid, m)
     if valid is not None:  # results computed from elements never written are not written either
         valid = valid.expand(target_shape)
         if t.complete:
@@ -426,7 +579,10 @@ def write(dst, value: torch.Tensor, what: str, mask=None, valid: Optional[torch.
             if t.mask is None:
                 t.mask = torch.zeros(t.shape, dtype=torch.bool, device=t.data.device)
             _set(t.mask, dst.index, (_get(t.mask, dst.index) | m) if mask is not None else True)
-    _set(t.data, dst.index, value)
+    if t.place is not None and not _fake(t.data):
+        t.place.store(dst.index, value)  # through the memory: its bytes may be another tile's too
+    else:
+        _set(t.data, dst.index, value)
     if hasattr(t, "_push"):  # a tile viewed as another dtype (_views): what was written is the tile's too
         t._push()
 
@@ -437,10 +593,19 @@ def _pull(t) -> None:
         t._pull()
 
 
+def values(t: "Tile", index) -> torch.Tensor:
+    """The values of ``t[index]`` (a placed tile's from its memory, where other tiles may have written)."""
+    if t.place is not None and not _fake(t.data):
+        return t.place.load(index)
+    return _get(t.data, index)
+
+
 def _get(t: torch.Tensor, index):
     if index is Ellipsis:
         return t
     if isinstance(index, tuple) and index and isinstance(index[0], str):
+        if not t.is_contiguous():  # a placed tile's strided view: gather in place, no copy of it all
+            return t[torch.unravel_index(index[1], t.shape)]
         return t.reshape(-1)[index[1]]
     return t[index]
 
@@ -526,7 +691,7 @@ class IndexExpr:
 
     def _bin(self, other, fn):
         if isinstance(other, (Tile, TileView)):  # a dynamic offset: the tile's values, read when it runs
-            other = IndexExpr(_get(other.tile.data, other.index).to(torch.int64))
+            other = IndexExpr(values(other.tile, other.index).to(torch.int64))
         return IndexExpr(fn(self.tensor, other.tensor if isinstance(other, IndexExpr) else other))
 
     def __add__(self, o): return self._bin(o, torch.add)

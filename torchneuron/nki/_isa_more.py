@@ -20,6 +20,7 @@ from . import _language_more as _lm
 from . import language as nl
 from ._core import (HbmTensor, HbmView, IndexExpr, Tile, TileView, _get, both, defined, fail, hbm_parts, instruction,
                     psum, read, run, sbuf, write)
+from ._core import values as _tile_values
 from .isa import _deliver, _required, _torch_op
 
 _TILE = (Tile, TileView)
@@ -238,7 +239,7 @@ def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs
     """Within each quadrant of 32 partitions, dst partition i takes src partition shuffle_mask[i] (255:
     left as it was); the same mask in every quadrant (VectorE)."""
     x = read(src, "nc_stream_shuffle")
-    target = _get(dst.tile.data, dst.index)
+    target = _tile_values(dst.tile, dst.index)
     if len(shuffle_mask) != 32:
         fail(ValueError, f"nc_stream_shuffle: shuffle_mask has 32 entries, got {len(shuffle_mask)}")
     if x[0].numel() != target[0].numel():
@@ -568,7 +569,7 @@ def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None
     """dst = src where predicate (nonzero) holds (not, with reverse_pred); elsewhere dst is left (VectorE)."""
     p = read(predicate, "tensor_copy_predicated (predicate)")
     s = read(src, "tensor_copy_predicated")
-    target = _get(dst.tile.data, dst.index)
+    target = _tile_values(dst.tile, dst.index)
     cond = (p != 0).reshape(target.shape) if p.numel() == target.numel() else (p != 0)
     if reverse_pred:
         cond = ~cond

@@ -309,7 +309,8 @@ del _cls
 
 # ---- nl.loop_reduce ------------------------------------------------------------------------------------
 
-_ASSIGNS: dict = {}  # file -> {line: the name a loop_reduce call on that line is assigned to}
+_ASSIGNS: dict = {}  # file -> {line: the name a loop_reduce call on that line is assigned to, or _INTO}
+_INTO = object()  # assigned into a tile: acc[...] = nl.loop_reduce(...)
 
 
 def _assigned_name(filename: str, lineno: int):
@@ -323,7 +324,8 @@ def _assigned_name(filename: str, lineno: int):
         for node in ast.walk(tree) if tree is not None else ():
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
                     getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) == "loop_reduce":
-                name = node.targets[0].id if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) else None
+                target = node.targets[0] if len(node.targets) == 1 else None
+                name = target.id if isinstance(target, ast.Name) else _INTO if isinstance(target, ast.Subscript) else None
                 for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
                     table[line] = name
     return table.get(lineno)
@@ -332,15 +334,18 @@ def _assigned_name(filename: str, lineno: int):
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     """``b = nl.loop_reduce(a, op, loop_indices=[k])`` is ``b = nisa.tensor_tensor(data1=b, data2=a, op=op)``: as
     AWS documents, the destination tile is also ``op``'s other input. The destination is the name the call is
-    assigned to on the kernel's line (its value before the call); a call not assigned to one name is a
-    NotImplementedError."""
+    assigned to on the kernel's line (its value before the call), or, for ``acc[...] = nl.loop_reduce(a, ...)``,
+    the tile the result is assigned into (``_language_more.loop_reduce_into``)."""
     frame = sys._getframe(1)
     while frame is not None and _inside(frame.f_code.co_filename):
         frame = frame.f_back
     name = _assigned_name(frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+    if name is _INTO:  # acc[...] = nl.loop_reduce(a, ...): the accumulator is what the result is assigned into
+        return _lm.loop_reduce_into(x, op, loop_indices, dtype=dtype, mask=mask, **kwargs)
     if name is None:
-        fail(NotImplementedError, "nl.loop_reduce: its destination is the name the call is assigned to "
-                                  "(b = nl.loop_reduce(a, ...)); accumulate explicitly otherwise (b = nl.add(b, a))")
+        fail(NotImplementedError, "nl.loop_reduce: its destination is the tile the call is assigned to "
+                                  "(b = nl.loop_reduce(a, ...) or acc[...] = nl.loop_reduce(a, ...)); accumulate "
+                                  "explicitly otherwise (b = nl.add(b, a))")
     acc = frame.f_locals.get(name)
     if not isinstance(acc, _TILE):
         fail(TypeError, f"nl.loop_reduce: the destination {name!r} is a tile made before the loop (nl.zeros(...)), "

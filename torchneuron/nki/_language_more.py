@@ -286,6 +286,25 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, *, dtype=None, compute_dtype=None, mas
     return out
 
 
+@instruction
+def loop_reduce_into(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``acc[...] = nl.loop_reduce(x, op=np.add, loop_indices=(i,))``: the accumulator is also the
+    instruction's other input, ``acc[...] = op(acc[...], x)`` (AWS's definition: "the destination tile is
+    also the rhs input to op"), computed when the result is assigned into it. ``nl.loop_reduce``
+    (_isa_newer) calls this for that form; ``b = nl.loop_reduce(a, ...)`` it does itself."""
+    fn = numpy_op(op) or op
+    torch_fn = getattr(fn, "torch_fn", None)
+    if torch_fn is None:
+        fail(NotImplementedError, f"nl.loop_reduce: op {getattr(op, '__name__', op)!r} (use np.add, np.maximum, "
+                                  f"np.minimum or np.multiply, or their nl functions)")
+    data = read(x, "nl.loop_reduce")
+    out = Tile(data.shape, nl._result_dtype(dtype, x), sbuf)
+    write(out, data, "nl.loop_reduce", valid=defined(x))
+    out._loop_reduce = (torch_fn, mask)  # taken by the assignment into the accumulator (_core.assign)
+    _cost.charge_vector("loop_reduce", data.shape, 2, out.dtype)
+    return out
+
+
 # ---- tensor manipulation -----------------------------------------------------------------------------
 
 def broadcast_to(src, *, shape, **kwargs):

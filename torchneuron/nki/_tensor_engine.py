@@ -8,7 +8,8 @@ import torch
 from . import _cost
 from . import _hardware as hw
 from ._calling import _deliver, _split_dst, _take
-from ._core import _get, both, defined, fail, instruction, psum, read, touch, write, written_anywhere
+from ._core import (_get, both, defined, fail, instruction, psum, read, tensor_engine_writes, touch, values,
+                    write, written_anywhere)
 
 
 @instruction
@@ -58,8 +59,13 @@ def nc_matmul(*args, **kwargs):
     rate = "fp32" if s.element_size() == 4 else ("fp8" if s.element_size() == 1 else "16bit")
     _cost.charge_tensor("nc_matmul", n, rate)
     st, mv = (s, m) if s.dtype == m.dtype == torch.float32 else (s.float(), m.float())
+    transposed = bool(kwargs.pop("is_transpose", False))
+    if dst is not None and dst.buffer is psum and dst.tile.dtype not in (torch.float32, torch.int32):
+        tensor_engine_writes(dst, _Made(transposed, s.dtype),
+                             accumulating=bool(kwargs.get("accumulate")) or written_anywhere(dst))
     fast = (dst is not None and valid is None and dst.index is Ellipsis and dst.buffer is psum
-            and tuple(dst.tile.shape) == (mm, n) and kwargs.get("accumulate") is None)
+            and dst.tile.dtype == torch.float32 and dst.tile.place is None and tuple(dst.tile.shape) == (mm, n)
+            and kwargs.get("accumulate") is None)
     if fast:  # straight into the PSUM tile: the first matmul writes it, the next ones accumulate in place
         touch(dst.tile)
         if dst.tile.complete:
@@ -73,10 +79,12 @@ def nc_matmul(*args, **kwargs):
             return dst
     result = st.t() @ mv
     if dst is None:
-        return _deliver(None, result, "nc_matmul", torch.float32, psum, valid=valid)
+        out = _deliver(None, result, "nc_matmul", torch.float32, psum, valid=valid)
+        out._tensor_engine = (transposed, s.dtype)
+        return out
     if dst.buffer is not psum:
         fail(ValueError, "nc_matmul writes its result to a PSUM tile")
-    current = _get(dst.tile.data, dst.index)
+    current = values(dst.tile, dst.index)
     if current.shape != result.shape:
         fail(ValueError, f"nc_matmul: a result of shape {tuple(result.shape)} into a destination of shape "
                          f"{tuple(current.shape)}")
@@ -84,7 +92,7 @@ def nc_matmul(*args, **kwargs):
     if accumulate is None:
         accumulate = written_anywhere(dst)
     if accumulate:
-        if dst.index is Ellipsis and dst.tile.complete and valid is None:
+        if dst.index is Ellipsis and dst.tile.complete and valid is None and dst.tile.place is None:
             current.add_(result)  # in place, in PSUM
         else:
             write(dst, current + result, "nc_matmul", valid=both(tuple(result.shape), defined(dst), valid))
@@ -103,7 +111,19 @@ def nc_transpose(*args, **kwargs):
         fail(ValueError, f"nc_transpose takes a 2-D tile of at most {hw.PMAX}x{hw.PMAX}, got {tuple(x.shape)}")
     _cost.charge_tensor("nc_transpose", x.shape[0], "fp32" if x.element_size() == 4 else "16bit")
     d = defined(data)
-    return _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
+    if dst is not None and dst.buffer is psum:
+        tensor_engine_writes(dst, _Made(True, x.dtype))
+    out = _deliver(dst, x.t().float(), "nc_transpose", torch.float32, psum, valid=None if d is None else d.t())
+    if dst is None:
+        out._tensor_engine = (True, x.dtype)
+    return out
+
+
+class _Made:
+    """What TensorE is about to write into a ``dst`` given to it (see _core.tensor_engine_writes)."""
+
+    def __init__(self, transposed: bool, source: torch.dtype):
+        self._tensor_engine = (transposed, source)
 
 
 def _double_row(perf_mode) -> bool:

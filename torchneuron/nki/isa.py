@@ -41,6 +41,9 @@ def _per_partition_operand(o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A per-partition operand ([P] from ``t[:, 0]``, or [P, 1]) aligned on the partition axis of ``x``."""
     if 0 < o.dim() < x.dim() and o.shape[0] == x.shape[0]:
         return o.reshape(tuple(o.shape) + (1,) * (x.dim() - o.dim()))
+    if 0 < x.dim() < o.dim() and o.shape[0] == x.shape[0] and o[0].numel() == 1:
+        # a [P, 1] operand of a [P] tile (``t[:, i]``): the same per-partition value, not an outer product
+        return o.reshape((o.shape[0],) + (1,) * (x.dim() - 1))
     return o
 
 

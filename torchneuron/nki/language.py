@@ -416,6 +416,11 @@ def _highest(dtype):
     return float("inf") if dtype.is_floating_point else torch.iinfo(_dtype(dtype)).max
 
 
+# Unsigned integers PyTorch's CPU reductions lack (amin/amax/sum of uint16, uint32): reduced exactly in int64,
+# which holds every value, and written back in the tile's dtype.
+_WIDER = {torch.uint16: torch.int64, torch.uint32: torch.int64}
+
+
 def _reduction(fn, name: str, identity):
     def op(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
         data = read(x, f"nl.{name}")
@@ -424,7 +429,7 @@ def _reduction(fn, name: str, identity):
         if 0 in axes:
             fail(ValueError, f"nl.{name}: reductions run along free axes; axis 0 is the partition axis (reduce "
                              f"across partitions with nc_matmul against a ones vector, or transpose first)")
-        values = data.float() if data.is_floating_point() else data
+        values = data.float() if data.is_floating_point() else data.to(_WIDER.get(data.dtype, data.dtype))
         d = defined(x)
         active = None
         if mask is not None:  # NKI: the mask selects the input elements the reduction runs over

@@ -4,10 +4,9 @@ Here nothing is compiled: a kernel runs instruction by instruction on the emulat
 decorators (``skip_middle_end_transformations``, ``enable_stack_allocator``, ``force_auto_alloc``) and
 the scopes (``no_reorder``, ``allocation_scope``, ``multi_buffer``) only direct AWS's compiler's passes
 and are no-ops that return the kernel (or an empty context). The allocators (``ncc.sbuf.alloc``,
-``ncc.sbuf.mod_alloc``, ``ncc.sbuf.auto_alloc`` and the ``ncc.psum`` ones) place a tensor at given
-addresses: here they name the buffer only (SBUF or PSUM), each logical tile with memory of its own, so
-a kernel whose result depends on two logical tiles sharing one physical tile (modulo allocation reusing
-a slot while it is still read) computes as if they did not.
+``ncc.sbuf.mod_alloc`` and the ``ncc.psum`` ones) place each logical tile of a tensor at the addresses
+they give in the program's SBUF or PSUM, where tiles at overlapping addresses share bytes
+(:mod:`torchneuron.nki._memory`); ``auto_alloc()`` is the buffer itself.
 """
 
 from __future__ import annotations
@@ -45,7 +44,8 @@ def enable_stack_allocator(func=None, log_level=50):
 
 
 def force_auto_alloc(func=None):
-    """A no-op here (the direct allocators only name the buffer already)."""
+    """A no-op here: the kernel keeps its direct allocations (AWS's compiler would allocate its tensors
+    automatically, to check a kernel suspected of overlapping tiles)."""
     return _decorator(func)
 
 
