@@ -1,10 +1,11 @@
-// The zero-copy path without boxing, for the most frequent functional ops.
+// The zero-copy path without boxing, for the most frequent ops.
 //
 // The boxed fallback handles every op, but packing arguments into a stack and
 // unpacking them again costs more than a small op itself. For functional ops
-// (fresh result, no generator, nothing written) the same work is done here
-// with the op's own C++ signature: check devices, alias the tensor arguments
-// as CPU tensors, call the CPU kernel, move the result to the device.
+// (fresh results, no generator), out= variants and in-place ops without a
+// generator the same work is done here with the op's own C++ signature: check
+// devices, alias the tensor arguments as CPU tensors, call the CPU kernel, move
+// the result to the device (or reflect what the kernel did to the written one).
 #include "launch.h"
 #include "host_addressable.h"
 #include "fallback.h"
@@ -154,8 +155,8 @@ struct Fast<Op, at::Tensor(Args...)> {
   }
 };
 
-// out= variants (the out tensor is their only non-const Tensor& argument): the CPU kernel writes
-// through an alias of `out`, and whatever it did to the alias (a resize, new strides) is made true
+// out= variants and in-place ops (the out tensor, or `self`, is their only non-const Tensor&
+// argument; it must be on the device, as in the fallback): the CPU kernel writes through an alias of `out`, and whatever it did to the alias (a resize, new strides) is made true
 // of `out` afterwards. An input on out's storage gets an alias over the same CPU storage (the same
 // alias when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
 class OutAlias {
