@@ -156,9 +156,10 @@ struct Fast<Op, at::Tensor(Args...)> {
 };
 
 // out= variants and in-place ops (the out tensor, or `self`, is their only non-const Tensor&
-// argument; it must be on the device, as in the fallback): the CPU kernel writes through an alias of `out`, and whatever it did to the alias (a resize, new strides) is made true
-// of `out` afterwards. An input on out's storage gets an alias over the same CPU storage (the same
-// alias when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
+// argument; it must be on the device, as in the fallback): the CPU kernel writes through an alias
+// of `out`, and whatever it did to the alias (a resize, new strides) is made true of `out`
+// afterwards. An input on out's storage gets an alias over the same CPU storage (the same alias
+// when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
 class OutAlias {
  public:
   explicit OutAlias(at::Tensor& out) : out_(out), alias_(hostView(out)) {}
