@@ -493,6 +493,55 @@ def test_in_place_on_view_autograd():
     check(fn, rnd(4, 4), grad=True)
 
 
+# In-place ops of the unboxed fast path (fast_ops.cpp) write through a host view of `self`: the
+# write must reach every alias of self's memory (its base, other views), a second argument on the
+# same memory must be read as the CPU reads it, and a conjugate or negative view keeps its bit.
+IN_PLACE_FAST = {
+    "add_(view of base)": lambda x: x[1:3].add_(x[0]),
+    "add_(self, alpha)": lambda x: x.add_(x, alpha=2),
+    "add_(other half of the same storage)": lambda x: x.view(4, 4)[:2].add_(x.view(4, 4)[2:]),
+    "add_.Scalar on a strided view": lambda x: x.view(4, 4)[:, ::2].add_(3),
+    "sub_(row of self)": lambda x: x.view(4, 4)[::2].sub_(x.view(4, 4)[3]),
+    "mul_(column of self)": lambda x: x.view(4, 4).t()[1:].mul_(x.view(4, 4)[:, :1].t()),
+    "mul_.Scalar then read through base": lambda x: x.view(2, 8)[1].mul_(-1.5),
+    "masked_fill_(mask from self)": lambda x: x.view(4, 4)[1:].masked_fill_(x.view(4, 4)[1:] > 0, 7.0),
+    "add_ on a neg view": lambda x: torch._neg_view(x.view(4, 4)[0]).add_(1),
+    "cpu scalar other": lambda x: x.add_(torch.tensor(2.5)),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_PLACE_FAST))
+def test_in_place_fast_ops_update_aliases(name):
+    def fn(x):
+        base = x.clone()
+        other_view = base.view(4, 4).t()   # another alias of the memory the op writes
+        r = IN_PLACE_FAST[name](base)
+        return (base, other_view.contiguous(), r)
+    t = rnd(16, seed=7)
+    got, want = fn(t.to(DEV)), fn(t)
+    assert_same(got, want)
+    assert got[2].device.type == "neuron"
+
+
+def test_in_place_fast_op_returns_self_and_keeps_conj_bit():
+    a = torch.randn(4, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
+    b = torch.randn(4, dtype=torch.complex64, generator=torch.Generator().manual_seed(4))
+    da, db = a.to(DEV), b.to(DEV)
+    dc = da.conj()
+    r = dc.mul_(db)
+    c = a.conj()
+    c.mul_(b)
+    assert r is dc and dc.is_conj() == c.is_conj()
+    torch.testing.assert_close(dc.cpu(), c, rtol=0, atol=0)
+    torch.testing.assert_close(da.cpu(), a, rtol=0, atol=0)
+
+
+def test_in_place_fast_op_refuses_a_cpu_self():
+    x = torch.tensor(1.0)                     # a CPU scalar may be read by a neuron op, never written
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x.add_(torch.ones((), device=DEV))
+
+
 # Writes whose destination partially overlaps a source. The CPU (and CUDA) refuse them; the neuron
 # fallback gives arguments that share device memory one CPU storage, so PyTorch's overlap checks
 # see the aliasing as on the CPU.

@@ -1,10 +1,11 @@
-// The zero-copy path without boxing, for the most frequent functional ops.
+// The zero-copy path without boxing, for the most frequent ops.
 //
 // The boxed fallback handles every op, but packing arguments into a stack and
 // unpacking them again costs more than a small op itself. For functional ops
-// (fresh result, no generator, nothing written) the same work is done here
-// with the op's own C++ signature: check devices, alias the tensor arguments
-// as CPU tensors, call the CPU kernel, move the result to the device.
+// (fresh results, no generator), out= variants and in-place ops without a
+// generator the same work is done here with the op's own C++ signature: check
+// devices, alias the tensor arguments as CPU tensors, call the CPU kernel, move
+// the result to the device (or reflect what the kernel did to the written one).
 #include "launch.h"
 #include "host_addressable.h"
 #include "fallback.h"
@@ -19,6 +20,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace torchneuron {
 namespace {
@@ -45,6 +47,20 @@ class Scan {
     if (t.has_value()) add(*t);
     else ++position_;
   }
+  // A written argument (out=, in-place self) must be on the device, even a CPU scalar.
+  void add(at::Tensor& t) {
+    if (t.defined() && t.device().is_cpu() && cpu_position_ == 0) cpu_position_ = position_ + 1;
+    add(std::as_const(t));
+  }
+  // A list of tensors (cat's) is one argument: its tensors are checked at its position.
+  void add(const at::ITensorListRef& list) {
+    const int position = position_;
+    for (const at::Tensor& t : list) {
+      position_ = position;
+      add(t);
+    }
+    position_ = position + 1;
+  }
   template <class T>
   void add(const T&) { ++position_; }
 
@@ -66,6 +82,23 @@ class Scan {
   int position_ = 0;
   int other_position_ = 0;
   int cpu_position_ = 0;
+};
+
+// The host views of one call's arguments: HostViewLease's, and a list of tensors as host views
+// (a vector the call's full expression keeps alive).
+class Lender {
+ public:
+  template <class T>
+  decltype(auto) arg(const T& value) { return views_.arg(value); }
+  std::vector<at::Tensor> arg(const at::ITensorListRef& list) {
+    std::vector<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) out.push_back(hostArgument(t));
+    return out;
+  }
+
+ private:
+  HostViewLease views_;
 };
 
 // Runs Op's CPU kernel on already converted arguments, its buffers allocated on `device`.
@@ -113,7 +146,7 @@ struct Fast<Op, at::Tensor(Args...)> {
       Scan scan;
       (scan.add(args), ...);
       const auto device = scan.check(Op::name, Op::overload_name);
-      HostViewLease views;
+      Lender views;
       return deviceResult(cpuKernel<Op>(device, views.arg(args)...), device);
     } catch (const c10::NotImplementedError&) {
       if (!widened) throw;
@@ -122,10 +155,11 @@ struct Fast<Op, at::Tensor(Args...)> {
   }
 };
 
-// out= variants (the out tensor is their only non-const Tensor& argument): the CPU kernel writes
-// through an alias of `out`, and whatever it did to the alias (a resize, new strides) is made true
-// of `out` afterwards. An input on out's storage gets an alias over the same CPU storage (the same
-// alias when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
+// out= variants and in-place ops (the out tensor, or `self`, is their only non-const Tensor&
+// argument; it must be on the device, as in the fallback): the CPU kernel writes through an alias
+// of `out`, and whatever it did to the alias (a resize, new strides) is made true of `out`
+// afterwards. An input on out's storage gets an alias over the same CPU storage (the same alias
+// when it is `out` itself), so the CPU kernel's overlap checks see what the device sees.
 class OutAlias {
  public:
   explicit OutAlias(at::Tensor& out) : out_(out), alias_(hostView(out)) {}
@@ -175,7 +209,7 @@ struct Fast<Op, std::tuple<Outs...>(Args...)> {
     Scan scan;
     (scan.add(args), ...);
     const auto device = scan.check(Op::name, Op::overload_name);
-    HostViewLease views;
+    Lender views;
     auto outs = cpuKernel<Op>(device, views.arg(args)...);
     return std::apply(
         [&](auto&... t) { return std::tuple<Outs...>(deviceResult(std::move(t), device)...); },
@@ -249,10 +283,23 @@ void registerFastOps() {
   NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
   NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
   NEURON_FAST(native_layer_norm) NEURON_FAST(native_layer_norm_backward)
-  // indexing
+  // indexing and embeddings
   NEURON_FAST(index_select) NEURON_FAST(gather)
-  // out= variants Inductor's compiled graphs call for matrix products
+  NEURON_FAST(embedding_dense_backward) NEURON_FAST(cat)
+  // attention (scaled_dot_product_attention's CPU kernels) and losses
+  NEURON_FAST(_scaled_dot_product_flash_attention_for_cpu)
+  NEURON_FAST(_scaled_dot_product_flash_attention_for_cpu_backward)
+  NEURON_FAST(nll_loss_forward) NEURON_FAST(nll_loss_backward)
+  // masks and scans
+  NEURON_FAST(isneginf) NEURON_FAST(all) NEURON_FAST(all_dim) NEURON_FAST(cumsum)
+  // in-place arithmetic (autograd accumulates gradients with add_); none of the widening table,
+  // whose in-place ops go through the boxed fallback's widening
+  NEURON_FAST(add__Tensor) NEURON_FAST(add__Scalar) NEURON_FAST(sub__Tensor) NEURON_FAST(mul__Tensor)
+  NEURON_FAST(mul__Scalar) NEURON_FAST(masked_fill__Scalar)
+  // out= variants: Inductor's compiled graphs call them for matrix products; arange and
+  // where(condition) are empty plus these
   NEURON_FAST(mm_out) NEURON_FAST(bmm_out) NEURON_FAST(addmm_out) NEURON_FAST(baddbmm_out)
+  NEURON_FAST(arange_start_out) NEURON_FAST(where_self_out)
 }
 
 }  // namespace torchneuron
