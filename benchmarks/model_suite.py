@@ -78,7 +78,10 @@ NUM_LABELS = 10
 SEED = 0
 
 # Model name -> why it fails on the CPU too ("name" for every phase, "name:compiled" for the compiled one).
-EXPECTED_FAILURES: dict[str, str] = {}
+EXPECTED_FAILURES: dict[str, str] = {
+    "funnel:compiled": "Inductor's compile of Funnel's training step does not finish on the CPU within the budget "
+                       "(not within 15 minutes at 1 thread in a run of its own); run with a larger --budget",
+}
 
 
 # Model name -> why neuron's eager step is within tolerance of the CPU's but not bit-identical.
@@ -518,6 +521,8 @@ def worker(name: str, phases: list[str], result_path: Path, rounds: int, round_m
     for device in order:
         replica = models[device]
         runs[device] = _compiled(replica)
+        compiled["compiling"] = device  # what a timeout interrupted
+        save()
         with _cache_dir(str(base / device)):
             start = time.perf_counter()
             try:
@@ -527,6 +532,7 @@ def worker(name: str, phases: list[str], result_path: Path, rounds: int, round_m
                 compiled[f"{device}_traceback"] = traceback.format_exc()[-3000:]
                 break
             compiled[f"{device}_compile_s"] = time.perf_counter() - start
+        del compiled["compiling"]
         save()
     if "cpu_error" in compiled:
         compiled["ok"] = None
@@ -607,6 +613,8 @@ def classify(row: dict[str, Any], eager_only: bool) -> None:
     expected = EXPECTED_FAILURES.get(name) or (None if eager_only else EXPECTED_FAILURES.get(f"{name}:compiled"))
     eager, compiled = row.get("eager") or {}, row.get("compiled") or {}
     cpu_error = row.get("cpu_error") or (f"compiled: {compiled['cpu_error']}" if compiled.get("cpu_error") else None)
+    if row.get("process") == "timeout" and compiled.get("compiling") == "cpu":  # the CPU's own compile ran out of time
+        cpu_error = "compiled: the CPU's compile ran past the budget"
     if cpu_error:
         row["verdict"] = "xfail" if expected else "CPU-FAIL"
         row["reason"] = cpu_error if not expected else f"{expected} ({cpu_error})"

@@ -109,3 +109,24 @@ def test_expected_failures_are_strict(monkeypatch):
     assert row["verdict"] == "FAIL"
     summary = model_suite.summarize([row], eager_only=True)
     assert summary["unexpected"] == ["bert"]
+
+
+def test_a_timeout_in_the_cpus_own_compile_is_the_cpus_failure(monkeypatch):
+    def timed_out(compiling):
+        return {"model": "funnel", "family": "encoder", "eager": {"ok": True}, "process": "timeout",
+                "compiled": {"first": "cpu", "compiling": compiling}}
+
+    monkeypatch.setattr(model_suite, "EXPECTED_FAILURES", {"funnel:compiled": "slow on the CPU"})
+    row = timed_out("cpu")
+    model_suite.classify(row, eager_only=False)
+    assert row["verdict"] == "xfail" and "past the budget" in row["reason"]
+    row = timed_out("neuron")  # neuron's compile ran out of time: not excused by the CPU's listing
+    model_suite.classify(row, eager_only=False)
+    assert row["verdict"] == "XPASS"
+    monkeypatch.setattr(model_suite, "EXPECTED_FAILURES", {})
+    row = timed_out("cpu")
+    model_suite.classify(row, eager_only=False)
+    assert row["verdict"] == "CPU-FAIL"
+    row = timed_out("neuron")
+    model_suite.classify(row, eager_only=False)
+    assert row["verdict"] == "timeout"
