@@ -647,7 +647,9 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 
 def summarize(rows: list[dict[str, Any]], eager_only: bool) -> dict[str, Any]:
     """Pass rates, bit-identical count, median and worst ratios, compile-time ratios."""
-    runnable = [r for r in rows if r["verdict"] not in ("xfail", "CPU-FAIL")]
+    # A CPU failure of the eager step (row["cpu_error"]) takes the model out of both phases; one of the
+    # compiled step (an error, or a timeout in the CPU's own compile) out of the compiled phase only.
+    runnable = [r for r in rows if not r.get("cpu_error")]
     eager_pass = [r for r in runnable if (r.get("eager") or {}).get("ok")]
     eager_ratios = [r["eager"]["ratio"] for r in eager_pass if r["eager"].get("ratio") is not None]
     out: dict[str, Any] = {
@@ -663,7 +665,8 @@ def summarize(rows: list[dict[str, Any]], eager_only: bool) -> dict[str, Any]:
         "unexpected": [r["model"] for r in rows if r["verdict"] in ("FAIL", "XPASS", "CPU-FAIL")],
     }
     if not eager_only:
-        compiled_runnable = [r for r in runnable if r.get("compiled") and not r["compiled"].get("cpu_error")]
+        compiled_runnable = [r for r in runnable if r.get("compiled") and not r["compiled"].get("cpu_error")
+                             and not (r.get("process") == "timeout" and r["compiled"].get("compiling") == "cpu")]
         compiled_pass = [r for r in compiled_runnable if (r.get("compiled") or {}).get("ok")]
         ratios = [r["compiled"]["ratio"] for r in compiled_pass if r["compiled"].get("ratio") is not None]
         ctimes = [r["compiled"]["compile_ratio"] for r in compiled_pass]
