@@ -607,13 +607,18 @@ def run_model(name: str, index: int, args: argparse.Namespace, log: Callable[[st
     return row
 
 
+def _cpu_compile_timed_out(row: dict[str, Any]) -> bool:
+    """Whether the budget ran out while the worker compiled for the CPU (the CPU's own failure)."""
+    return row.get("process") == "timeout" and (row.get("compiled") or {}).get("compiling") == "cpu"
+
+
 def classify(row: dict[str, Any], eager_only: bool) -> None:
     """Set row["verdict"] (pass, FAIL, xfail, XPASS, timeout) and row["reason"]."""
     name = row["model"]
     expected = EXPECTED_FAILURES.get(name) or (None if eager_only else EXPECTED_FAILURES.get(f"{name}:compiled"))
     eager, compiled = row.get("eager") or {}, row.get("compiled") or {}
     cpu_error = row.get("cpu_error") or (f"compiled: {compiled['cpu_error']}" if compiled.get("cpu_error") else None)
-    if row.get("process") == "timeout" and compiled.get("compiling") == "cpu":  # the CPU's own compile ran out of time
+    if _cpu_compile_timed_out(row):
         cpu_error = "compiled: the CPU's compile ran past the budget"
     if cpu_error:
         row["verdict"] = "xfail" if expected else "CPU-FAIL"
@@ -666,7 +671,7 @@ def summarize(rows: list[dict[str, Any]], eager_only: bool) -> dict[str, Any]:
     }
     if not eager_only:
         compiled_runnable = [r for r in runnable if r.get("compiled") and not r["compiled"].get("cpu_error")
-                             and not (r.get("process") == "timeout" and r["compiled"].get("compiling") == "cpu")]
+                             and not _cpu_compile_timed_out(r)]
         compiled_pass = [r for r in compiled_runnable if (r.get("compiled") or {}).get("ok")]
         ratios = [r["compiled"]["ratio"] for r in compiled_pass if r["compiled"].get("ratio") is not None]
         ctimes = [r["compiled"]["compile_ratio"] for r in compiled_pass]
