@@ -6,12 +6,63 @@
 // generator the same work is done here with the op's own C++ signature: check
 // devices, alias the tensor arguments as CPU tensors, call the CPU kernel, move
 // the result to the device (or reflect what the kernel did to the written one).
+#include "dispatch_stub.h"  // first: it declares DispatchStub as PyTorch's build does
 #include "launch.h"
+#include "allocator.h"
 #include "host_addressable.h"
 #include "fallback.h"
 #include "widening.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Operators.h>
+#include <ATen/native/Activation.h>
+#include <ATen/native/BinaryOps.h>
+#include <ATen/native/Fill.h>
+#include <ATen/native/Lerp.h>
+#include <ATen/native/PointwiseOps.h>
+#include <ATen/native/Pow.h>
+#include <ATen/native/ReduceOps.h>
+#include <ATen/native/TensorCompare.h>
+#include <ATen/native/UnaryOps.h>
+#include <ATen/ops/add_native.h>
+#include <ATen/ops/addcdiv_native.h>
+#include <ATen/ops/addcmul_native.h>
+#include <ATen/ops/amax_native.h>
+#include <ATen/ops/amin_native.h>
+#include <ATen/ops/clamp_min_native.h>
+#include <ATen/ops/cos_native.h>
+#include <ATen/ops/div_native.h>
+#include <ATen/ops/elu_native.h>
+#include <ATen/ops/eq_native.h>
+#include <ATen/ops/erf_native.h>
+#include <ATen/ops/exp_native.h>
+#include <ATen/ops/ge_native.h>
+#include <ATen/ops/gt_native.h>
+#include <ATen/ops/le_native.h>
+#include <ATen/ops/leaky_relu_native.h>
+#include <ATen/ops/lerp_native.h>
+#include <ATen/ops/log_native.h>
+#include <ATen/ops/lt_native.h>
+#include <ATen/ops/maximum_native.h>
+#include <ATen/ops/minimum_native.h>
+#include <ATen/ops/mul_native.h>
+#include <ATen/ops/ne_native.h>
+#include <ATen/ops/neg_native.h>
+#include <ATen/ops/pow_native.h>
+#include <ATen/ops/reciprocal_native.h>
+#include <ATen/ops/rsqrt_native.h>
+#include <ATen/ops/sigmoid_native.h>
+#include <ATen/ops/sigmoid_backward_native.h>
+#include <ATen/ops/silu_native.h>
+#include <ATen/ops/silu_backward_native.h>
+#include <ATen/ops/sin_native.h>
+#include <ATen/ops/softplus_native.h>
+#include <ATen/ops/sqrt_native.h>
+#include <ATen/ops/sub_native.h>
+#include <ATen/ops/tanh_native.h>
+#include <ATen/ops/tanh_backward_native.h>
+#include <ATen/ops/threshold_backward_native.h>
+#include <c10/core/DynamicCast.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -141,6 +192,11 @@ struct Fast<Op, at::Tensor(Args...)> {
       return widened ? throughWidening<Op, at::Tensor, Args...>(args...)
                      : throughFallback<Op, at::Tensor, Args...>(args...);
     }
+    return run(args...);
+  }
+  // The call when fused eager does not record it.
+  static at::Tensor run(Args... args) {
+    static const bool widened = widens(Op::name);
     try {
       KernelArguments arguments;  // strict mode: the memory of the host views made here
       Scan scan;
@@ -225,6 +281,10 @@ struct Fast<Op, at::Tensor&(Args...)> {
       throughFallback<Op, at::Tensor, Args...>(args...);
       return out;
     }
+    return run(args...);
+  }
+  // The call when fused eager does not record it.
+  static at::Tensor& run(Args... args) {
     KernelArguments arguments;  // strict mode: the memory of the host views made here
     Scan scan;
     (scan.add(args), ...);
@@ -235,9 +295,231 @@ struct Fast<Op, at::Tensor&(Args...)> {
   }
 };
 
+// ---- structured kernels on device memory ---------------------------------------------------------
+//
+// The commonest elementwise ops run as PyTorch's structured kernels run on CUDA: the op's meta
+// function builds its TensorIterator over the neuron tensors themselves, the result is allocated on
+// the device, and the DispatchStub the op's impl calls reaches its PrivateUse1 kernel (DeviceStub),
+// which launches the stub's CPU kernel over device memory. No host view, no second dispatch, no
+// result to adopt: the op costs what it costs on the CPU. TensorIterator casts inputs to the common
+// dtype only on the CPU, so an op takes this path only when its tensors are neuron tensors of one
+// dtype on one device (floating point, for ops that compute in it); anything else runs through
+// Fast<Op>. Only ops whose CPU impl does nothing but call stubs with the iterator's device (no
+// branch on the device, no hard-coded kCPU) are listed; tests/test_ops.py checks each launches.
+
+// The device allocation of a structured kernel's output, as the CPU's create_out allocates it.
+at::Tensor emptyOnDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options) {
+  c10::Allocator* allocator = allocatorFor(options.device().index());
+  constexpr c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  if (strides.empty())
+    return at::detail::empty_generic(sizes, allocator, keys, options.dtype().toScalarType(),
+                                     options.memory_format_opt());
+  return at::detail::empty_strided_generic(sizes, strides, allocator, keys, options.dtype().toScalarType());
+}
+
+// A structured kernel class whose output is a new device tensor (the functional variant).
+template <class Kernel>
+struct Functional final : Kernel {
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    set(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    set(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t) override { return output; }
+  at::Tensor output;
+
+ private:
+  void set(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options) {
+    output = emptyOnDevice(sizes, strides, options);
+    if constexpr (std::is_base_of_v<at::TensorIteratorBase, Kernel>)
+      Kernel::set_output_raw_strided(i, sizes, strides, options);
+  }
+};
+
+// A TensorIterator kernel class writing into `self` (the in-place variant). The iterator checks
+// what an in-place op needs (the broadcast shape, overlap, the dtype it may write).
+template <class Kernel>
+struct InPlace final : Kernel {
+  static_assert(std::is_base_of_v<at::TensorIteratorBase, Kernel>, "in-place: TensorIterator kernels only");
+  explicit InPlace(const at::Tensor& self) : output(self) {}
+  void set_output_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          at::TensorOptions options) override {
+    set_output_raw_strided(i, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t i, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    TORCH_CHECK(sizes == output.sizes(), "Bad in-place call: input tensor size ", output.sizes(),
+                " and output tensor size ", sizes, " should match");
+    Kernel::set_output_raw_strided(i, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t) override { return output; }
+  const at::Tensor& output;
+};
+
+// Whether an op's tensor arguments allow the structured path: defined neuron tensors of one dtype on
+// one device (floating point when `floating`), and at most one 0-dim CPU tensor (a Python number)
+// that does not change the result's dtype, and is not a bool (which some metas refuse). That one is
+// handed to the kernel in the tensors' dtype,
+// as the CPU's TensorIterator would cast it (only the float32, float64, int64 and int32 kernels:
+// the reduced-precision ones read a scalar's original value).
+class Uniform {
+ public:
+  explicit Uniform(bool floating) : floating_(floating) {}
+  void add(const at::Tensor& t) {
+    if (!ok_) return;
+    if (!t.defined()) {
+      ok_ = false;
+    } else if (t.device().type() != kNeuron) {
+      ok_ = t.dim() == 0 && t.device().is_cpu() && scalar_ == nullptr;
+      scalar_ = &t;
+    } else if (dtype_ == c10::ScalarType::Undefined) {
+      dtype_ = t.scalar_type();
+      device_ = t.device().index();
+      ok_ = !floating_ || c10::isFloatingType(dtype_);
+    } else {
+      ok_ = t.scalar_type() == dtype_ && t.device().index() == device_;
+    }
+  }
+  template <class T>
+  void add(const T&) {}
+  // Whether the op may take the path; makes the scalar's copy in the tensors' dtype.
+  bool ok() {
+    if (!ok_ || dtype_ == c10::ScalarType::Undefined) return false;
+    if (scalar_ == nullptr) return true;
+    const auto from = scalar_->scalar_type();
+    if (from == c10::ScalarType::Bool) return false;  // metas refuse some ops with one (sub): keep it
+    const void* value = scalar_->const_data_ptr();
+    switch (dtype_) {
+      case c10::ScalarType::Float: return convert<float>(from, value, !c10::isComplexType(from));
+      case c10::ScalarType::Double: return convert<double>(from, value, !c10::isComplexType(from));
+      case c10::ScalarType::Long: return convert<int64_t>(from, value, c10::isIntegralType(from, true));
+      case c10::ScalarType::Int: return convert<int32_t>(from, value, c10::isIntegralType(from, true));
+      default: return false;
+    }
+  }
+  // An argument as the kernel takes it.
+  const at::Tensor& pass(const at::Tensor& t) const { return &t == scalar_ ? converted_ : t; }
+  template <class T>
+  const T& pass(const T& value) const { return value; }
+
+ private:
+  template <class T>
+  bool convert(c10::ScalarType from, const void* value, bool keeps_dtype) {
+    if (!keeps_dtype) return false;
+    converted_ = at::detail::empty_cpu({}, c10::CppTypeToScalarType<T>::value, std::nullopt, std::nullopt,
+                                       std::nullopt, std::nullopt);
+    *converted_.mutable_data_ptr<T>() = c10::fetch_and_cast<T>(from, value);
+    return true;
+  }
+  bool floating_;
+  bool ok_ = true;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  c10::DeviceIndex device_ = -1;
+  const at::Tensor* scalar_ = nullptr;
+  at::Tensor converted_;
+};
+
+// Kernel: the op's CPU structured class (at::native::structured_*). Floating: the op computes in
+// floating point (an integer input would be promoted, which TensorIterator does only on the CPU).
+template <class Op, class Kernel, bool Floating, class Schema = typename Op::schema>
+struct Structured;
+template <class Op, class Kernel, bool Floating, class... Args>
+struct Structured<Op, Kernel, Floating, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    if (recordingOps()) return Fast<Op>::call(args...);  // fused eager records it
+    Uniform uniform(Floating);
+    (uniform.add(args), ...);
+    if (!uniform.ok()) return Fast<Op>::run(args...);
+    KernelNameScope name(kernelName(Op::name));
+    Functional<Kernel> op;
+    op.meta(uniform.pass(args)...);
+    op.impl(uniform.pass(args)..., op.output);
+    return std::move(op.output);
+  }
+};
+template <class Op, class Kernel, bool Floating, class... Rest>
+struct Structured<Op, Kernel, Floating, at::Tensor&(at::Tensor&, Rest...)> {
+  static at::Tensor& call(at::Tensor& self, Rest... rest) {
+    if (recordingOps()) return Fast<Op>::call(self, rest...);  // fused eager records it
+    Uniform uniform(Floating);
+    uniform.add(self);
+    (uniform.add(rest), ...);
+    if (self.device().type() != kNeuron || !uniform.ok()) return Fast<Op>::run(self, rest...);
+    KernelNameScope name(kernelName(Op::name));
+    InPlace<Kernel> op(self);
+    op.meta(self, uniform.pass(rest)...);
+    op.impl(self, uniform.pass(rest)..., self);
+    return self;
+  }
+};
+
+// relu is clamp_min(self, 0) on the CPU (its kernel calls at::clamp_min), here without the second
+// dispatch.
+at::Tensor relu(const at::Tensor& self) {
+  if (recordingOps()) return Fast<at::_ops::relu>::call(self);
+  Uniform uniform(false);
+  uniform.add(self);
+  if (self.scalar_type() == c10::ScalarType::Bool || !uniform.ok()) return Fast<at::_ops::relu>::run(self);
+  KernelNameScope name("relu");
+  Functional<at::native::structured_clamp_min_out> op;
+  op.meta(self, 0);
+  op.impl(self, 0, op.output);
+  return std::move(op.output);
+}
+at::Tensor& relu_(at::Tensor& self) {
+  if (recordingOps()) return Fast<at::_ops::relu_>::call(self);
+  Uniform uniform(false);
+  uniform.add(self);
+  if (self.scalar_type() == c10::ScalarType::Bool || !uniform.ok()) return Fast<at::_ops::relu_>::run(self);
+  KernelNameScope name("relu_");
+  InPlace<at::native::structured_clamp_min_out> op(self);
+  op.meta(self, 0);
+  op.impl(self, 0, self);
+  return self;
+}
+
+// The PrivateUse1 kernel of a DispatchStub over a TensorIterator: the stub's CPU kernel, launched on
+// the iterator's device as a kernel named after the op that reached it (KernelNameScope), else after
+// the stub.
+template <auto& Stub, class Fn = typename std::remove_reference_t<decltype(Stub)>::FnPtr>
+struct DeviceStub;
+template <auto& Stub, class Iterator, class... A>
+struct DeviceStub<Stub, void (*)(Iterator&, A...)> {
+  static_assert(std::is_base_of_v<at::TensorIteratorBase, Iterator>, "a stub over a TensorIterator");
+  static inline const char* name = nullptr;
+  static void run(Iterator& iter, A... a) {
+    // The CPU kernel reads every input as the common dtype (only the CPU's iterator casts them).
+    for (int i = iter.noutputs(); i < iter.ntensors(); ++i)
+      TORCH_INTERNAL_ASSERT(iter.dtype(i) == iter.dtype(iter.noutputs()) &&
+                                (!iter.device(i).is_cpu() || iter.tensor_base(i).dim() == 0),
+                            "neuron: the ", name, " kernel was reached with inputs it cannot read");
+    KernelArguments arguments;  // strict mode: the memory of the iterator's tensors
+    if (rt::strictMode())
+      for (int i = 0; i < iter.ntensors(); ++i)
+        if (!iter.device(i).is_cpu()) arguments.add(iter.tensor_base(i).storage());
+    const char* op = KernelNameScope::current();
+    launch(iter.device().index(), {rt::ActivityKind::Kernel, op != nullptr ? op : name},
+           [&] { Stub(c10::DeviceType::CPU, iter, a...); });
+  }
+  static void install(const char* kernel_name) {
+    name = kernel_name;
+    Stub.set_privateuse1_dispatch_ptr(&run);
+  }
+};
+
 std::string qualifiedName(const char* name, const char* overload) {
   return overload[0] ? std::string(name) + "." + overload : std::string(name);
 }
+
+// An op run as a structured kernel (`kernel`: its CPU class; `floating`: it computes in floating point).
+#define NEURON_STRUCTURED(op, kernel, floating) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
+         TORCH_FN((Structured<at::_ops::op, at::native::kernel, floating>::call)));
+// A stub that those kernels call.
+#define NEURON_STUB(stub, name) DeviceStub<at::native::stub>::install(name);
 
 #define NEURON_FAST(op) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(Fast<at::_ops::op>::call));
@@ -251,35 +533,71 @@ void registerFastOps() {
   if (rt::asyncMode()) return;
   static torch::Library* library = nullptr;
   if (library != nullptr) return;
+  // The PrivateUse1 kernels of the stubs that the structured ops below reach.
+  NEURON_STUB(add_stub, "add") NEURON_STUB(mul_stub, "mul") NEURON_STUB(div_true_stub, "div")
+  NEURON_STUB(div_trunc_stub, "div_trunc") NEURON_STUB(div_floor_stub, "div_floor")
+  NEURON_STUB(maximum_stub, "maximum") NEURON_STUB(minimum_stub, "minimum")
+  NEURON_STUB(pow_tensor_tensor_stub, "pow") NEURON_STUB(pow_tensor_scalar_stub, "pow")
+  NEURON_STUB(lerp_kernel_scalar_weight, "lerp") NEURON_STUB(addcmul_stub, "addcmul")
+  NEURON_STUB(addcdiv_stub, "addcdiv")
+  NEURON_STUB(eq_stub, "eq") NEURON_STUB(ne_stub, "ne") NEURON_STUB(lt_stub, "lt") NEURON_STUB(le_stub, "le")
+  NEURON_STUB(gt_stub, "gt") NEURON_STUB(ge_stub, "ge")
+  NEURON_STUB(neg_stub, "neg") NEURON_STUB(exp_stub, "exp") NEURON_STUB(log_stub, "log")
+  NEURON_STUB(sqrt_stub, "sqrt") NEURON_STUB(rsqrt_stub, "rsqrt") NEURON_STUB(reciprocal_stub, "reciprocal")
+  NEURON_STUB(sin_stub, "sin") NEURON_STUB(cos_stub, "cos") NEURON_STUB(tanh_stub, "tanh")
+  NEURON_STUB(sigmoid_stub, "sigmoid") NEURON_STUB(erf_stub, "erf")
+  NEURON_STUB(clamp_min_scalar_stub, "clamp_min") NEURON_STUB(silu_stub, "silu")
+  NEURON_STUB(silu_backward_stub, "silu_backward") NEURON_STUB(threshold_stub, "threshold")
+  NEURON_STUB(sigmoid_backward_stub, "sigmoid_backward") NEURON_STUB(tanh_backward_stub, "tanh_backward")
+  NEURON_STUB(leaky_relu_stub, "leaky_relu") NEURON_STUB(elu_stub, "elu") NEURON_STUB(softplus_stub, "softplus")
+  NEURON_STUB(max_values_stub, "amax") NEURON_STUB(min_values_stub, "amin")
+  NEURON_STUB(fill_stub, "fill")  // fill_ and zero_ (fill.cpp)
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& m = *library;
   // elementwise arithmetic
-  NEURON_FAST(add_Tensor) NEURON_FAST(add_Scalar) NEURON_FAST(sub_Tensor) NEURON_FAST(sub_Scalar)
-  NEURON_FAST(mul_Tensor) NEURON_FAST(mul_Scalar) NEURON_FAST(div_Tensor) NEURON_FAST(div_Scalar)
-  NEURON_FAST(div_Tensor_mode) NEURON_FAST(pow_Tensor_Scalar) NEURON_FAST(pow_Tensor_Tensor)
-  NEURON_FAST(maximum) NEURON_FAST(minimum) NEURON_FAST(where_self) NEURON_FAST(lerp_Scalar)
-  NEURON_FAST(masked_fill_Scalar) NEURON_FAST(clamp) NEURON_FAST(clamp_min)
+  NEURON_STRUCTURED(add_Tensor, structured_ufunc_add_CPU, false) NEURON_FAST(add_Scalar)
+  NEURON_STRUCTURED(sub_Tensor, structured_sub_out, false) NEURON_FAST(sub_Scalar)
+  NEURON_STRUCTURED(mul_Tensor, structured_mul_out, false) NEURON_FAST(mul_Scalar)
+  NEURON_STRUCTURED(div_Tensor, structured_div_out, true) NEURON_FAST(div_Scalar)
+  NEURON_STRUCTURED(div_Tensor_mode, structured_div_out_mode, true)
+  NEURON_STRUCTURED(pow_Tensor_Scalar, structured_pow_Tensor_Scalar_out, false)
+  NEURON_STRUCTURED(pow_Tensor_Tensor, structured_pow_Tensor_Tensor_out, false)
+  NEURON_STRUCTURED(maximum, structured_maximum_out, false) NEURON_STRUCTURED(minimum, structured_minimum_out, false)
+  NEURON_FAST(where_self) NEURON_STRUCTURED(lerp_Scalar, structured_lerp_Scalar, true)
+  NEURON_STRUCTURED(addcmul, structured_addcmul_out, false) NEURON_STRUCTURED(addcdiv, structured_addcdiv_out, true)
+  NEURON_FAST(masked_fill_Scalar) NEURON_FAST(clamp) NEURON_STRUCTURED(clamp_min, structured_clamp_min_out, false)
   // comparisons
-  NEURON_FAST(eq_Tensor) NEURON_FAST(eq_Scalar) NEURON_FAST(ne_Tensor) NEURON_FAST(ne_Scalar)
-  NEURON_FAST(lt_Tensor) NEURON_FAST(lt_Scalar) NEURON_FAST(le_Tensor) NEURON_FAST(le_Scalar)
-  NEURON_FAST(gt_Tensor) NEURON_FAST(gt_Scalar) NEURON_FAST(ge_Tensor) NEURON_FAST(ge_Scalar)
+  // (a Scalar overload's meta wraps the scalar itself, uncast: those run through Fast)
+  NEURON_STRUCTURED(eq_Tensor, structured_eq_Tensor_out, false) NEURON_FAST(eq_Scalar)
+  NEURON_STRUCTURED(ne_Tensor, structured_ne_Tensor_out, false) NEURON_FAST(ne_Scalar)
+  NEURON_STRUCTURED(lt_Tensor, structured_lt_Tensor_out, false) NEURON_FAST(lt_Scalar)
+  NEURON_STRUCTURED(le_Tensor, structured_le_Tensor_out, false) NEURON_FAST(le_Scalar)
+  NEURON_STRUCTURED(gt_Tensor, structured_gt_Tensor_out, false) NEURON_FAST(gt_Scalar)
+  NEURON_STRUCTURED(ge_Tensor, structured_ge_Tensor_out, false) NEURON_FAST(ge_Scalar)
   NEURON_FAST(logical_not)
   // unary math and activations
-  NEURON_FAST(neg) NEURON_FAST(abs) NEURON_FAST(exp)
-  NEURON_FAST(log) NEURON_FAST(sqrt) NEURON_FAST(rsqrt)
-  NEURON_FAST(reciprocal) NEURON_FAST(sin) NEURON_FAST(cos)
-  NEURON_FAST(tanh) NEURON_FAST(sigmoid) NEURON_FAST(relu)
-  NEURON_FAST(gelu) NEURON_FAST(silu) NEURON_FAST(erf)
+  NEURON_STRUCTURED(neg, structured_neg_out, false) NEURON_FAST(abs)
+  NEURON_STRUCTURED(exp, structured_exp_out, true) NEURON_STRUCTURED(log, structured_log_out, true)
+  NEURON_STRUCTURED(sqrt, structured_sqrt_out, true) NEURON_STRUCTURED(rsqrt, structured_rsqrt_out, true)
+  NEURON_STRUCTURED(reciprocal, structured_reciprocal_out, true)
+  NEURON_STRUCTURED(sin, structured_sin_out, true) NEURON_STRUCTURED(cos, structured_cos_out, true)
+  NEURON_STRUCTURED(tanh, structured_tanh_out, true) NEURON_STRUCTURED(sigmoid, structured_sigmoid_out, true)
+  NEURON_STRUCTURED(erf, structured_erf_out, true) NEURON_STRUCTURED(silu, structured_silu_out, true)
+  NEURON_STRUCTURED(leaky_relu, structured_leaky_relu_out, true) NEURON_STRUCTURED(elu, structured_elu_out, true)
+  NEURON_STRUCTURED(softplus, structured_softplus_out, true)
+  m.impl("relu", TORCH_FN(relu)); m.impl("relu_", TORCH_FN(relu_));
+  NEURON_FAST(gelu)  // (its CPU impl calls the CPU's kernel itself, or oneDNN's)
   // their gradients
-  NEURON_FAST(threshold_backward) NEURON_FAST(gelu_backward)
-  NEURON_FAST(silu_backward) NEURON_FAST(sigmoid_backward)
-  NEURON_FAST(tanh_backward)
+  NEURON_STRUCTURED(threshold_backward, structured_threshold_backward_out, false) NEURON_FAST(gelu_backward)
+  NEURON_STRUCTURED(silu_backward, structured_silu_backward_out, true)
+  NEURON_STRUCTURED(sigmoid_backward, structured_sigmoid_backward_out, true)
+  NEURON_STRUCTURED(tanh_backward, structured_tanh_backward_out, true)
   // matrix products
   NEURON_FAST(mm) NEURON_FAST(bmm) NEURON_FAST(addmm)
   NEURON_FAST(baddbmm)
   // reductions and normalizations
   NEURON_FAST(sum_dim_IntList) NEURON_FAST(sum) NEURON_FAST(mean_dim)
-  NEURON_FAST(amax) NEURON_FAST(amin)
+  NEURON_STRUCTURED(amax, structured_amax_out, false) NEURON_STRUCTURED(amin, structured_amin_out, false)
   NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
   NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
   NEURON_FAST(native_layer_norm) NEURON_FAST(native_layer_norm_backward)
@@ -294,7 +612,9 @@ void registerFastOps() {
   NEURON_FAST(isneginf) NEURON_FAST(all) NEURON_FAST(all_dim) NEURON_FAST(cumsum)
   // in-place arithmetic (autograd accumulates gradients with add_); none of the widening table,
   // whose in-place ops go through the boxed fallback's widening
-  NEURON_FAST(add__Tensor) NEURON_FAST(add__Scalar) NEURON_FAST(sub__Tensor) NEURON_FAST(mul__Tensor)
+  NEURON_STRUCTURED(add__Tensor, structured_ufunc_add_CPU, false) NEURON_FAST(add__Scalar)
+  NEURON_STRUCTURED(sub__Tensor, structured_sub_out, false) NEURON_STRUCTURED(mul__Tensor, structured_mul_out, false)
+  NEURON_STRUCTURED(div__Tensor, structured_div_out, true)
   NEURON_FAST(mul__Scalar) NEURON_FAST(masked_fill__Scalar)
   // out= variants: Inductor's compiled graphs call them for matrix products; arange and
   // where(condition) are empty plus these

@@ -4,13 +4,15 @@
 // zero_) over a dense range of device memory of kRuntimeFillBytes or more set it with rt::memset,
 // which hands the range's whole pages back to the host instead of writing them: a large zeroed
 // tensor costs host memory only where it is written later, as on a device whose memory is not the
-// host's. Everything else (small or strided tensors, other values, ops fused eager records) runs the
-// CPU's kernel through the boxed fallback, as before.
+// host's. Everything else runs the CPU's fill kernel over the device memory (the fill DispatchStub's
+// PrivateUse1 kernel, fast_ops.cpp), or, for what that cannot take (ops fused eager records,
+// asynchronous mode, quantized, conjugate or negative views), through the boxed fallback.
 #include "fallback.h"
 #include "launch.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/fill_native.h>
 #include <c10/util/complex.h>
 #include <torch/library.h>
 
@@ -41,11 +43,8 @@ bool zeroBits(const c10::Scalar& value, c10::ScalarType dtype) {
 }
 
 // Sets `self` to zero through the runtime when it is one dense range of device memory big enough.
+// `self` is a plain device tensor (plainDeviceTensor) that fused eager does not record.
 bool fillZeroThroughRuntime(const at::Tensor& self) {
-  if (!self.defined() || self.device().type() != kNeuron || self.layout() != c10::kStrided || self.is_quantized() ||
-      self.is_nested() || self.is_conj() || self.is_neg() || !self.has_storage())
-    return false;
-  if (recordingOps()) return false;  // recorded through the fallback like every op
   const size_t nbytes = static_cast<size_t>(self.numel()) * self.itemsize();
   if (nbytes < kRuntimeFillBytes || !self.is_non_overlapping_and_dense()) return false;
   void* ptr = self.data_ptr();  // a dense tensor covers [ptr, ptr + nbytes) exactly
@@ -61,27 +60,41 @@ bool fillZeroThroughRuntime(const at::Tensor& self) {
   return true;
 }
 
-// aten::zero_(Tensor(a!) self) -> Tensor(a!)
-void zeroKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const at::Tensor& self = (*stack)[stack->size() - 1].toTensor();
-  if (!fillZeroThroughRuntime(self)) return neuronFallback(op, keys, stack);
-  // The result is self, which is already on the stack.
+// aten::fill_.Scalar through the boxed fallback.
+at::Tensor& fillThroughFallback(at::Tensor& self, const c10::Scalar& value) {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::fill_", "Scalar");
+  torch::jit::Stack stack{self, value};
+  neuronFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  return self;
+}
+
+// A dense device tensor of PyTorch's plain kind (not quantized, nested, conjugate or negative).
+bool plainDeviceTensor(const at::Tensor& self) {
+  return self.defined() && self.device().type() == kNeuron && self.layout() == c10::kStrided &&
+         !self.is_quantized() && !self.is_nested() && !self.is_conj() && !self.is_neg() && self.has_storage();
+}
+
+// Fills `self` with `value`, launching as `name`.
+at::Tensor& fillAs(at::Tensor& self, const c10::Scalar& value, const char* name) {
+  // Recorded by fused eager, or another kind of tensor: the fallback (which asks fused eager again).
+  if (!plainDeviceTensor(self) || recordingOps()) return fillThroughFallback(self, value);
+  if (zeroBits(value, self.scalar_type()) && fillZeroThroughRuntime(self)) return self;
+  if (rt::asyncMode()) return fillThroughFallback(self, value);  // queued by the fallback
+  KernelNameScope scope(name);
+  return at::native::fill_(self, value);  // the CPU's kernel, launched by the fill stub's device kernel
 }
 
 // aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)
-void fillKernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const auto& value = (*stack)[stack->size() - 1];
-  const at::Tensor& self = (*stack)[stack->size() - 2].toTensor();
-  if (!value.isScalar() || !zeroBits(value.toScalar(), self.scalar_type()) || !fillZeroThroughRuntime(self))
-    return neuronFallback(op, keys, stack);
-  torch::jit::drop(*stack, 1);  // self stays as the result
-}
+at::Tensor& fill(at::Tensor& self, const c10::Scalar& value) { return fillAs(self, value, "fill_"); }
+
+// aten::zero_(Tensor(a!) self) -> Tensor(a!)
+at::Tensor& zero(at::Tensor& self) { return fillAs(self, 0, "zero_"); }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("zero_", torch::CppFunction::makeFromBoxedFunction<&zeroKernel>());
-  m.impl("fill_.Scalar", torch::CppFunction::makeFromBoxedFunction<&fillKernel>());
+  m.impl("zero_", TORCH_FN(zero));
+  m.impl("fill_.Scalar", TORCH_FN(fill));
 }
 
 }  // namespace torchneuron

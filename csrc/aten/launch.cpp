@@ -23,7 +23,12 @@ void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name) {
 
 namespace {
 thread_local KernelArguments* t_arguments = nullptr;
+thread_local const char* t_kernel_name = nullptr;
 }  // namespace
+
+KernelNameScope::KernelNameScope(const char* name) : previous_(t_kernel_name) { t_kernel_name = name; }
+KernelNameScope::~KernelNameScope() { t_kernel_name = previous_; }
+const char* KernelNameScope::current() { return t_kernel_name; }
 
 KernelArguments::KernelArguments() : previous_(t_arguments) { t_arguments = this; }
 KernelArguments::~KernelArguments() { t_arguments = previous_; }

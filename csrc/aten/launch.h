@@ -50,6 +50,19 @@ class KernelArguments {
   std::vector<rt::MemoryRange> ranges_;
   KernelArguments* previous_;
 };
+// The name of the op being run, for the kernels it launches from code that does not know it (a
+// DispatchStub's device kernel, fast_ops.cpp): set for this thread while alive. Scopes nest.
+class KernelNameScope {
+ public:
+  explicit KernelNameScope(const char* name);
+  ~KernelNameScope();
+  KernelNameScope(const KernelNameScope&) = delete;
+  KernelNameScope& operator=(const KernelNameScope&) = delete;
+  static const char* current();  // this thread's innermost, or nullptr
+
+ private:
+  const char* previous_;
+};
 // `info` launched with `ranges` (which must outlive the launch call).
 inline rt::LaunchInfo withRanges(rt::LaunchInfo info, const std::vector<rt::MemoryRange>& ranges) {
   info.ranges = ranges.data();

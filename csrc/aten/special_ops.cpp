@@ -2,13 +2,13 @@
 // that no CPU kernel exists to fall back to: convolution's "overrideable"
 // entry points and the fused RNN cells. Each runs PyTorch's CPU math on
 // aliases of device memory.
+#include "dispatch_stub.h"  // first: it declares DispatchStub as PyTorch's build does
 #include "launch.h"
 #include "host_addressable.h"
 
 #include <ATen/native/ConvUtils.h>
 
 #include <ATen/ATen.h>
-#include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
