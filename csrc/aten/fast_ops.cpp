@@ -59,6 +59,7 @@
 #include <ATen/ops/softplus_native.h>
 #include <ATen/ops/sqrt_native.h>
 #include <ATen/ops/sub_native.h>
+#include <ATen/ops/sum_native.h>
 #include <ATen/ops/tanh_native.h>
 #include <ATen/ops/tanh_backward_native.h>
 #include <ATen/ops/threshold_backward_native.h>
@@ -359,15 +360,20 @@ struct InPlace final : Kernel {
   const at::Tensor& output;
 };
 
+// The dtypes a structured op takes on the device: any; floating point only (the op promotes an
+// integer input, which TensorIterator does only on the CPU); or all but bfloat16 and float16 (the
+// CPU's impl takes another path for those: sum's float32 accumulation buffer).
+enum class Takes { AnyDtype, FloatingPoint, FullPrecision };
+
 // Whether an op's tensor arguments allow the structured path: defined neuron tensors of one dtype on
-// one device (floating point when `floating`), and at most one 0-dim CPU tensor (a Python number)
+// one device, of a dtype the op `Takes`, and at most one 0-dim CPU tensor (a Python number)
 // that does not change the result's dtype, and is not a bool (which some metas refuse). That one is
 // handed to the kernel in the tensors' dtype,
 // as the CPU's TensorIterator would cast it (only the float32, float64, int64 and int32 kernels:
 // the reduced-precision ones read a scalar's original value).
 class Uniform {
  public:
-  explicit Uniform(bool floating) : floating_(floating) {}
+  explicit Uniform(Takes takes) : takes_(takes) {}
   void add(const at::Tensor& t) {
     if (!ok_) return;
     if (!t.defined()) {
@@ -378,10 +384,16 @@ class Uniform {
     } else if (dtype_ == c10::ScalarType::Undefined) {
       dtype_ = t.scalar_type();
       device_ = t.device().index();
-      ok_ = !floating_ || c10::isFloatingType(dtype_);
+      ok_ = takes_ == Takes::FloatingPoint   ? c10::isFloatingType(dtype_)
+            : takes_ == Takes::FullPrecision ? !c10::isReducedFloatingType(dtype_)
+                                             : true;
     } else {
       ok_ = t.scalar_type() == dtype_ && t.device().index() == device_;
     }
+  }
+  // A result dtype asked for (sum's dtype=).
+  void add(const std::optional<c10::ScalarType>& dtype) {
+    if (dtype.has_value() && takes_ == Takes::FullPrecision && c10::isReducedFloatingType(*dtype)) ok_ = false;
   }
   template <class T>
   void add(const T&) {}
@@ -414,7 +426,7 @@ class Uniform {
     *converted_.mutable_data_ptr<T>() = c10::fetch_and_cast<T>(from, value);
     return true;
   }
-  bool floating_;
+  Takes takes_;
   bool ok_ = true;
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;
   c10::DeviceIndex device_ = -1;
@@ -422,36 +434,41 @@ class Uniform {
   at::Tensor converted_;
 };
 
-// Kernel: the op's CPU structured class (at::native::structured_*). Floating: the op computes in
-// floating point (an integer input would be promoted, which TensorIterator does only on the CPU).
-template <class Op, class Kernel, bool Floating, class Schema = typename Op::schema>
+// Kernel: the op's CPU structured class (at::native::structured_*); Dtypes: what it takes here.
+template <class Op, class Kernel, Takes Dtypes, class Schema = typename Op::schema>
 struct Structured;
-template <class Op, class Kernel, bool Floating, class... Args>
-struct Structured<Op, Kernel, Floating, at::Tensor(Args...)> {
+template <class Op, class Kernel, Takes Dtypes, class... Args>
+struct Structured<Op, Kernel, Dtypes, at::Tensor(Args...)> {
   static at::Tensor call(Args... args) {
     if (recordingOps()) return Fast<Op>::call(args...);  // fused eager records it
-    Uniform uniform(Floating);
+    Uniform uniform(Dtypes);
     (uniform.add(args), ...);
     if (!uniform.ok()) return Fast<Op>::run(args...);
-    KernelNameScope name(kernelName(Op::name));
-    Functional<Kernel> op;
-    op.meta(uniform.pass(args)...);
-    op.impl(uniform.pass(args)..., op.output);
-    return std::move(op.output);
+    try {
+      KernelNameScope name(kernelName(Op::name));
+      Functional<Kernel> op;
+      op.meta(uniform.pass(args)...);
+      op.impl(uniform.pass(args)..., op.output);
+      return std::move(op.output);
+    } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (before writing)
+      static const bool widened = widens(Op::name);
+      if (!widened) throw;
+    }
+    return throughWidening<Op, at::Tensor, Args...>(args...);
   }
 };
-template <class Op, class Kernel, bool Floating, class... Rest>
-struct Structured<Op, Kernel, Floating, at::Tensor&(at::Tensor&, Rest...)> {
+template <class Op, class Kernel, Takes Dtypes, class... Rest>
+struct Structured<Op, Kernel, Dtypes, at::Tensor&(at::Tensor&, Rest...)> {
   static at::Tensor& call(at::Tensor& self, Rest... rest) {
     if (recordingOps()) return Fast<Op>::call(self, rest...);  // fused eager records it
-    Uniform uniform(Floating);
+    Uniform uniform(Dtypes);
     uniform.add(self);
     (uniform.add(rest), ...);
     if (self.device().type() != kNeuron || !uniform.ok()) return Fast<Op>::run(self, rest...);
     KernelNameScope name(kernelName(Op::name));
     InPlace<Kernel> op(self);
     op.meta(self, uniform.pass(rest)...);
-    op.impl(self, uniform.pass(rest)..., self);
+    op.impl(self, uniform.pass(rest)..., self);  // (no in-place op of the widening table is listed)
     return self;
   }
 };
@@ -460,7 +477,7 @@ struct Structured<Op, Kernel, Floating, at::Tensor&(at::Tensor&, Rest...)> {
 // dispatch.
 at::Tensor relu(const at::Tensor& self) {
   if (recordingOps()) return Fast<at::_ops::relu>::call(self);
-  Uniform uniform(false);
+  Uniform uniform(Takes::AnyDtype);
   uniform.add(self);
   if (self.scalar_type() == c10::ScalarType::Bool || !uniform.ok()) return Fast<at::_ops::relu>::run(self);
   KernelNameScope name("relu");
@@ -471,7 +488,7 @@ at::Tensor relu(const at::Tensor& self) {
 }
 at::Tensor& relu_(at::Tensor& self) {
   if (recordingOps()) return Fast<at::_ops::relu_>::call(self);
-  Uniform uniform(false);
+  Uniform uniform(Takes::AnyDtype);
   uniform.add(self);
   if (self.scalar_type() == c10::ScalarType::Bool || !uniform.ok()) return Fast<at::_ops::relu_>::run(self);
   KernelNameScope name("relu_");
@@ -479,6 +496,26 @@ at::Tensor& relu_(at::Tensor& self) {
   op.meta(self, 0);
   op.impl(self, 0, self);
   return self;
+}
+
+// sum of all elements is sum over no dimensions, as its generic kernel says, without the second
+// dispatch.
+at::Tensor sum(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
+  if (recordingOps()) return Fast<at::_ops::sum>::call(self, dtype);
+  Uniform uniform(Takes::FullPrecision);
+  uniform.add(self);
+  uniform.add(dtype);
+  if (!uniform.ok()) return Fast<at::_ops::sum>::run(self, dtype);
+  try {
+    KernelNameScope name("sum");
+    const at::OptionalIntArrayRef all = c10::IntArrayRef{};
+    Functional<at::native::structured_sum_out> op;
+    op.meta(self, all, false, dtype);
+    op.impl(self, all, false, dtype, op.output);
+    return std::move(op.output);
+  } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype: widened as Fast does
+  }
+  return Fast<at::_ops::sum>::run(self, dtype);
 }
 
 // The PrivateUse1 kernel of a DispatchStub over a TensorIterator: the stub's CPU kernel, launched on
@@ -514,10 +551,10 @@ std::string qualifiedName(const char* name, const char* overload) {
   return overload[0] ? std::string(name) + "." + overload : std::string(name);
 }
 
-// An op run as a structured kernel (`kernel`: its CPU class; `floating`: it computes in floating point).
-#define NEURON_STRUCTURED(op, kernel, floating) \
+// An op run as a structured kernel (`kernel`: its CPU class; `takes`: the dtypes it takes, Takes).
+#define NEURON_STRUCTURED(op, kernel, takes) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
-         TORCH_FN((Structured<at::_ops::op, at::native::kernel, floating>::call)));
+         TORCH_FN((Structured<at::_ops::op, at::native::kernel, Takes::takes>::call)));
 // A stub that those kernels call.
 #define NEURON_STUB(stub, name) DeviceStub<at::native::stub>::install(name);
 
@@ -551,53 +588,54 @@ void registerFastOps() {
   NEURON_STUB(sigmoid_backward_stub, "sigmoid_backward") NEURON_STUB(tanh_backward_stub, "tanh_backward")
   NEURON_STUB(leaky_relu_stub, "leaky_relu") NEURON_STUB(elu_stub, "elu") NEURON_STUB(softplus_stub, "softplus")
   NEURON_STUB(max_values_stub, "amax") NEURON_STUB(min_values_stub, "amin")
-  NEURON_STUB(fill_stub, "fill")  // fill_ and zero_ (fill.cpp)
+  NEURON_STUB(sum_stub, "sum") NEURON_STUB(fill_stub, "fill")  // fill_ and zero_ (fill.cpp)
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& m = *library;
   // elementwise arithmetic
-  NEURON_STRUCTURED(add_Tensor, structured_ufunc_add_CPU, false) NEURON_FAST(add_Scalar)
-  NEURON_STRUCTURED(sub_Tensor, structured_sub_out, false) NEURON_FAST(sub_Scalar)
-  NEURON_STRUCTURED(mul_Tensor, structured_mul_out, false) NEURON_FAST(mul_Scalar)
-  NEURON_STRUCTURED(div_Tensor, structured_div_out, true) NEURON_FAST(div_Scalar)
-  NEURON_STRUCTURED(div_Tensor_mode, structured_div_out_mode, true)
-  NEURON_STRUCTURED(pow_Tensor_Scalar, structured_pow_Tensor_Scalar_out, false)
-  NEURON_STRUCTURED(pow_Tensor_Tensor, structured_pow_Tensor_Tensor_out, false)
-  NEURON_STRUCTURED(maximum, structured_maximum_out, false) NEURON_STRUCTURED(minimum, structured_minimum_out, false)
-  NEURON_FAST(where_self) NEURON_STRUCTURED(lerp_Scalar, structured_lerp_Scalar, true)
-  NEURON_STRUCTURED(addcmul, structured_addcmul_out, false) NEURON_STRUCTURED(addcdiv, structured_addcdiv_out, true)
-  NEURON_FAST(masked_fill_Scalar) NEURON_FAST(clamp) NEURON_STRUCTURED(clamp_min, structured_clamp_min_out, false)
+  NEURON_STRUCTURED(add_Tensor, structured_ufunc_add_CPU, AnyDtype) NEURON_FAST(add_Scalar)
+  NEURON_STRUCTURED(sub_Tensor, structured_sub_out, AnyDtype) NEURON_FAST(sub_Scalar)
+  NEURON_STRUCTURED(mul_Tensor, structured_mul_out, AnyDtype) NEURON_FAST(mul_Scalar)
+  NEURON_STRUCTURED(div_Tensor, structured_div_out, FloatingPoint) NEURON_FAST(div_Scalar)
+  NEURON_STRUCTURED(div_Tensor_mode, structured_div_out_mode, FloatingPoint)
+  NEURON_STRUCTURED(pow_Tensor_Scalar, structured_pow_Tensor_Scalar_out, AnyDtype)
+  NEURON_STRUCTURED(pow_Tensor_Tensor, structured_pow_Tensor_Tensor_out, AnyDtype)
+  NEURON_STRUCTURED(maximum, structured_maximum_out, AnyDtype) NEURON_STRUCTURED(minimum, structured_minimum_out, AnyDtype)
+  NEURON_FAST(where_self) NEURON_STRUCTURED(lerp_Scalar, structured_lerp_Scalar, FloatingPoint)
+  NEURON_STRUCTURED(addcmul, structured_addcmul_out, AnyDtype) NEURON_STRUCTURED(addcdiv, structured_addcdiv_out, FloatingPoint)
+  NEURON_FAST(masked_fill_Scalar) NEURON_FAST(clamp) NEURON_STRUCTURED(clamp_min, structured_clamp_min_out, AnyDtype)
   // comparisons
   // (a Scalar overload's meta wraps the scalar itself, uncast: those run through Fast)
-  NEURON_STRUCTURED(eq_Tensor, structured_eq_Tensor_out, false) NEURON_FAST(eq_Scalar)
-  NEURON_STRUCTURED(ne_Tensor, structured_ne_Tensor_out, false) NEURON_FAST(ne_Scalar)
-  NEURON_STRUCTURED(lt_Tensor, structured_lt_Tensor_out, false) NEURON_FAST(lt_Scalar)
-  NEURON_STRUCTURED(le_Tensor, structured_le_Tensor_out, false) NEURON_FAST(le_Scalar)
-  NEURON_STRUCTURED(gt_Tensor, structured_gt_Tensor_out, false) NEURON_FAST(gt_Scalar)
-  NEURON_STRUCTURED(ge_Tensor, structured_ge_Tensor_out, false) NEURON_FAST(ge_Scalar)
+  NEURON_STRUCTURED(eq_Tensor, structured_eq_Tensor_out, AnyDtype) NEURON_FAST(eq_Scalar)
+  NEURON_STRUCTURED(ne_Tensor, structured_ne_Tensor_out, AnyDtype) NEURON_FAST(ne_Scalar)
+  NEURON_STRUCTURED(lt_Tensor, structured_lt_Tensor_out, AnyDtype) NEURON_FAST(lt_Scalar)
+  NEURON_STRUCTURED(le_Tensor, structured_le_Tensor_out, AnyDtype) NEURON_FAST(le_Scalar)
+  NEURON_STRUCTURED(gt_Tensor, structured_gt_Tensor_out, AnyDtype) NEURON_FAST(gt_Scalar)
+  NEURON_STRUCTURED(ge_Tensor, structured_ge_Tensor_out, AnyDtype) NEURON_FAST(ge_Scalar)
   NEURON_FAST(logical_not)
   // unary math and activations
-  NEURON_STRUCTURED(neg, structured_neg_out, false) NEURON_FAST(abs)
-  NEURON_STRUCTURED(exp, structured_exp_out, true) NEURON_STRUCTURED(log, structured_log_out, true)
-  NEURON_STRUCTURED(sqrt, structured_sqrt_out, true) NEURON_STRUCTURED(rsqrt, structured_rsqrt_out, true)
-  NEURON_STRUCTURED(reciprocal, structured_reciprocal_out, true)
-  NEURON_STRUCTURED(sin, structured_sin_out, true) NEURON_STRUCTURED(cos, structured_cos_out, true)
-  NEURON_STRUCTURED(tanh, structured_tanh_out, true) NEURON_STRUCTURED(sigmoid, structured_sigmoid_out, true)
-  NEURON_STRUCTURED(erf, structured_erf_out, true) NEURON_STRUCTURED(silu, structured_silu_out, true)
-  NEURON_STRUCTURED(leaky_relu, structured_leaky_relu_out, true) NEURON_STRUCTURED(elu, structured_elu_out, true)
-  NEURON_STRUCTURED(softplus, structured_softplus_out, true)
+  NEURON_STRUCTURED(neg, structured_neg_out, AnyDtype) NEURON_FAST(abs)
+  NEURON_STRUCTURED(exp, structured_exp_out, FloatingPoint) NEURON_STRUCTURED(log, structured_log_out, FloatingPoint)
+  NEURON_STRUCTURED(sqrt, structured_sqrt_out, FloatingPoint) NEURON_STRUCTURED(rsqrt, structured_rsqrt_out, FloatingPoint)
+  NEURON_STRUCTURED(reciprocal, structured_reciprocal_out, FloatingPoint)
+  NEURON_STRUCTURED(sin, structured_sin_out, FloatingPoint) NEURON_STRUCTURED(cos, structured_cos_out, FloatingPoint)
+  NEURON_STRUCTURED(tanh, structured_tanh_out, FloatingPoint) NEURON_STRUCTURED(sigmoid, structured_sigmoid_out, FloatingPoint)
+  NEURON_STRUCTURED(erf, structured_erf_out, FloatingPoint) NEURON_STRUCTURED(silu, structured_silu_out, FloatingPoint)
+  NEURON_STRUCTURED(leaky_relu, structured_leaky_relu_out, FloatingPoint) NEURON_STRUCTURED(elu, structured_elu_out, FloatingPoint)
+  NEURON_STRUCTURED(softplus, structured_softplus_out, FloatingPoint)
   m.impl("relu", TORCH_FN(relu)); m.impl("relu_", TORCH_FN(relu_));
   NEURON_FAST(gelu)  // (its CPU impl calls the CPU's kernel itself, or oneDNN's)
   // their gradients
-  NEURON_STRUCTURED(threshold_backward, structured_threshold_backward_out, false) NEURON_FAST(gelu_backward)
-  NEURON_STRUCTURED(silu_backward, structured_silu_backward_out, true)
-  NEURON_STRUCTURED(sigmoid_backward, structured_sigmoid_backward_out, true)
-  NEURON_STRUCTURED(tanh_backward, structured_tanh_backward_out, true)
+  NEURON_STRUCTURED(threshold_backward, structured_threshold_backward_out, AnyDtype) NEURON_FAST(gelu_backward)
+  NEURON_STRUCTURED(silu_backward, structured_silu_backward_out, FloatingPoint)
+  NEURON_STRUCTURED(sigmoid_backward, structured_sigmoid_backward_out, FloatingPoint)
+  NEURON_STRUCTURED(tanh_backward, structured_tanh_backward_out, FloatingPoint)
   // matrix products
   NEURON_FAST(mm) NEURON_FAST(bmm) NEURON_FAST(addmm)
   NEURON_FAST(baddbmm)
   // reductions and normalizations
-  NEURON_FAST(sum_dim_IntList) NEURON_FAST(sum) NEURON_FAST(mean_dim)
-  NEURON_STRUCTURED(amax, structured_amax_out, false) NEURON_STRUCTURED(amin, structured_amin_out, false)
+  NEURON_STRUCTURED(sum_dim_IntList, structured_sum_out, FullPrecision) m.impl("sum", TORCH_FN(sum));
+  NEURON_FAST(mean_dim)  // (the CPU's impl is sum, then div_: another path than the stub's)
+  NEURON_STRUCTURED(amax, structured_amax_out, AnyDtype) NEURON_STRUCTURED(amin, structured_amin_out, AnyDtype)
   NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
   NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
   NEURON_FAST(native_layer_norm) NEURON_FAST(native_layer_norm_backward)
@@ -612,9 +650,9 @@ void registerFastOps() {
   NEURON_FAST(isneginf) NEURON_FAST(all) NEURON_FAST(all_dim) NEURON_FAST(cumsum)
   // in-place arithmetic (autograd accumulates gradients with add_); none of the widening table,
   // whose in-place ops go through the boxed fallback's widening
-  NEURON_STRUCTURED(add__Tensor, structured_ufunc_add_CPU, false) NEURON_FAST(add__Scalar)
-  NEURON_STRUCTURED(sub__Tensor, structured_sub_out, false) NEURON_STRUCTURED(mul__Tensor, structured_mul_out, false)
-  NEURON_STRUCTURED(div__Tensor, structured_div_out, true)
+  NEURON_STRUCTURED(add__Tensor, structured_ufunc_add_CPU, AnyDtype) NEURON_FAST(add__Scalar)
+  NEURON_STRUCTURED(sub__Tensor, structured_sub_out, AnyDtype) NEURON_STRUCTURED(mul__Tensor, structured_mul_out, AnyDtype)
+  NEURON_STRUCTURED(div__Tensor, structured_div_out, FloatingPoint)
   NEURON_FAST(mul__Scalar) NEURON_FAST(masked_fill__Scalar)
   // out= variants: Inductor's compiled graphs call them for matrix products; arange and
   // where(condition) are empty plus these
