@@ -4,7 +4,7 @@ float32 ``exp`` computed by Inductor's own generated CPU code, in the interprete
 ATen's ``exp`` (in PyTorch's x86 builds, MKL's vector math) and the ``exp`` Inductor generates
 (``at::vec::Vectorized<float>::exp``, SLEEF's ``expf_u10``: at most 1 ulp from the exact value) differ
 in the last bit for about one element in ten, and Inductor's is about three times faster on the host.
-So the interpreter computes a float32 ``exp`` with an Inductor kernel compiled once per device type (for
+So the interpreter computes a float32 ``exp`` with an Inductor kernel compiled once per device (for
 a 1-D tensor of any length: every element, the tail included, goes through the same vector function;
 a tail is a masked vector load), as the custom op ``nki_exact::vec_exp``. A replayed kernel's graph
 then lets Inductor fuse that ``exp`` with the ops around it (it computes the same function of each
@@ -29,21 +29,22 @@ log = logging.getLogger("torchneuron")
 _LIB = torch.library.Library("nki_exact", "FRAGMENT")
 _LIB.define("vec_exp(Tensor x) -> Tensor")
 
-_KERNELS: Dict[str, Optional[Callable]] = {}  # device type -> the compiled kernel (None: it did not compile)
+_KERNELS: Dict[torch.device, Optional[Callable]] = {}  # device -> the compiled kernel (None: it did not compile)
 _LOCK = threading.Lock()
 _DEVICES = ("cpu", "neuron")
 
 
-def _compile(device_type: str) -> Callable:
-    """Inductor's code for ``aten.exp`` of a contiguous 1-D float32 tensor of any length on ``device_type``."""
+def _compile(device: torch.device) -> Callable:
+    """Inductor's code for ``aten.exp`` of a contiguous 1-D float32 tensor of any length on ``device`` (its
+    outputs are allocated on the device it was compiled for: one kernel per device)."""
     from torch._guards import TracingContext, tracing
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    sample = torch.empty(64, dtype=torch.float32, device=device_type)
+    sample = torch.empty(64, dtype=torch.float32, device=device)
     with torch.no_grad():
         gm = make_fx(lambda x: torch.ops.aten.exp.default(x), tracing_mode="symbolic")(sample)
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    if device_type == "cpu":
+    if device.type == "cpu":
         from torch._inductor.compile_fx import compile_fx as compile_graph
     else:
         from torchneuron.compile.dynamo_backend import neuron as compile_graph
@@ -51,25 +52,25 @@ def _compile(device_type: str) -> Callable:
         return compile_graph(gm, examples)
 
 
-def _kernel(device_type: str) -> Optional[Callable]:
-    found = _KERNELS.get(device_type, False)
+def _kernel(device: torch.device) -> Optional[Callable]:
+    found = _KERNELS.get(device, False)
     if found is not False:
         return found
     with _LOCK:
-        found = _KERNELS.get(device_type, False)
+        found = _KERNELS.get(device, False)
         if found is False:
             try:
-                found = _compile(device_type)
+                found = _compile(device)
             except Exception as e:  # noqa: BLE001  (no compiler: ATen's exp, the same in interpreter and replay)
                 log.warning("nki: the vectorized exp did not compile on %s (%s: %s); nl.exp uses ATen's exp",
-                            device_type, type(e).__name__, e)
+                            device, type(e).__name__, e)
                 found = None
-            _KERNELS[device_type] = found
+            _KERNELS[device] = found
     return found
 
 
 def _vec_exp(x: torch.Tensor) -> torch.Tensor:
-    kernel = _kernel(x.device.type)
+    kernel = _kernel(x.device)
     if kernel is None:
         return torch.exp(x)
     with torch.no_grad():
