@@ -14,9 +14,11 @@ Before compiling, the graph is prepared so that its replay equals the interprete
 * what does not depend on the kernel's inputs (index expressions, masks, gather indices) is computed
   once and kept as constants; a boolean-mask index becomes the integer indices it selects;
 * ops whose result Inductor would compute differently from ATen's kernel (reductions, whose order of
-  additions differs, transcendentals including exp, matrix products) run as ATen's own kernels inside
-  the graph (custom ops Inductor cannot look into); additions, products, divisions (neuron's Inductor
-  keeps a division by a constant a division), copies and the like are fused;
+  additions differs, transcendentals, matrix products) run as ATen's own kernels inside the graph
+  (custom ops Inductor cannot look into); additions, products, divisions (neuron's Inductor keeps a
+  division by a constant a division), copies and the like are fused; so is ``exp``, which the
+  interpreter computes with Inductor's own vectorized code (:mod:`._exp`, :func:`fuse_exp`), and which
+  is kept as a call of that code if the fused graph differs;
 * the ATen calls a loop makes once per tile (the same op on tiles of the same layout, none depending on
   another) run as one call on the tiles stacked (:func:`batch`): one call instead of one per tile, each
   element computed by the same kernel; if that graph's first run differs, the graph without it is
@@ -154,9 +156,9 @@ def itertools_chain(args, kwargs):
 # ---- preparing the graph ------------------------------------------------------------------------------
 
 # Ops whose Inductor code rounds as ATen's kernels do: elementwise IEEE arithmetic, comparisons,
-# selections, casts and data movement, and exp/rsqrt/sqrt (Inductor calls the same vectorized functions
-# as ATen's CPU kernels; not exp, whose Inductor code differs in the last bit). Everything else that
-# computes runs as ATen's kernel (opaque to Inductor).
+# selections, casts and data movement, and rsqrt/sqrt (Inductor calls the same vectorized functions
+# as ATen's CPU kernels; not ATen's exp, whose Inductor code differs in the last bit: the interpreter's
+# exp is Inductor's, see fuse_exp). Everything else that computes runs as ATen's kernel (opaque to Inductor).
 _FUSED = {
     "add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp",
