@@ -948,7 +948,7 @@ def _reorder(graph: fx.Graph, deps: Dict[fx.Node, set], index: Dict[fx.Node, flo
 
 
 def _batched(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], name: str) -> int:
-    """batch(gm), or 0 (and ``gm`` as it was) when the graph cannot be reordered."""
+    """batch(gm), or 0 when the graph cannot be reordered (``gm`` is then not to be used)."""
     try:
         return batch(gm, inputs)
     except Exception as e:  # noqa: BLE001  (a graph batch() cannot reorder: compiled as prepared)
@@ -1063,7 +1063,9 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
         attempts = []
         fused = copy.deepcopy(prepared)
         if fuse_exp(fused):
-            attempts.append((fused, _batched(fused, before, name), True))
+            merged = copy.deepcopy(fused)
+            fused_merges = _batched(merged, before, name)
+            attempts.append((merged, fused_merges, True) if fused_merges else (fused, 0, True))
         batched = copy.deepcopy(prepared)
         merges = _batched(batched, before, name)
         if merges:
