@@ -9,7 +9,7 @@ import torchneuron  # noqa: F401
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-from torchneuron.nki import _replay
+from torchneuron.nki import _exp, _replay
 
 from layernorm import layernorm  # examples/kernels (pytest pythonpath): AWS's tutorial kernels
 from matmul import matmul_hoisted, matmul_tiled
@@ -224,40 +224,81 @@ def _replayed(kernel, args, monkeypatch):
 
 
 def test_replay_runs_each_per_tile_aten_op_once_for_all_tiles(monkeypatch):
-    # softmax's exp and sum run as ATen's kernels (bit equality): one call each for the 4 tiles, not 4
+    # softmax's sum runs as ATen's kernel (bit equality): one call for the 4 tiles, not 4; its exp (Inductor's
+    # vectorized exp in the interpreter too) is fused
     entry = _replayed(softmax, (torch.randn(512, 256).to("neuron"),), monkeypatch)
-    assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+    assert entry.exp_fused and entry.merges == 1 and entry.aten_calls == 1, (entry.merges, entry.aten_calls)
     # layernorm's two means: the first reads the input's rows in place (no stack), the second its squares
     entry = _replayed(layernorm, (torch.randn(512, 256).to("neuron"), torch.randn(256).to("neuron"),
                                   torch.randn(256).to("neuron")), monkeypatch)
     assert entry.aten_calls == 2 and entry.ops.get("aten.stack.default") == 1, entry.ops
 
     @nki.jit
-    def exp_exp(x):  # two ATen calls per tile, the second on the first's result
+    def tanh_tanh(x):  # two ATen calls per tile, the second on the first's result
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
         for i in nl.affine_range(x.shape[0] // 128):
             t = nl.load(x[i * 128:(i + 1) * 128, :])
-            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(nl.multiply(nl.exp(t), 0.5)))
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.tanh(nl.multiply(nl.tanh(t), 0.5)))
         return out
 
-    entry = _replayed(exp_exp, (torch.randn(384, 64).to("neuron"),), monkeypatch)
+    entry = _replayed(tanh_tanh, (torch.randn(384, 64).to("neuron"),), monkeypatch)
     assert entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
 
 
 def test_replay_keeps_apart_the_tiles_that_reuse_one_buffer(monkeypatch):
     @nki.jit
-    def reused(x):  # one SBUF tile written by every iteration: each exp must read it before the next load
+    def reused(x):  # one SBUF tile written by every iteration: each tanh must read it before the next load
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
         buf = nl.ndarray((128, x.shape[1]), dtype=x.dtype, buffer=nl.sbuf)
         for i in nl.sequential_range(x.shape[0] // 128):
             buf[...] = nl.load(x[i * 128:(i + 1) * 128, :])
-            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.exp(buf))
+            nl.store(out[i * 128:(i + 1) * 128, :], value=nl.tanh(buf))
         return out
 
     x = torch.randn(384, 64).to("neuron")
     entry = _replayed(reused, (x,), monkeypatch)
     assert entry.merges == 0 and entry.aten_calls >= 3, (entry.merges, entry.aten_calls)
-    torch.testing.assert_close(reused(x).cpu(), x.cpu().exp(), rtol=0, atol=0)
+    torch.testing.assert_close(reused(x).cpu(), x.cpu().tanh(), rtol=0, atol=0)
+
+
+@nki.jit
+def _exps(x, bias):
+    out = nl.ndarray((3,) + tuple(x.shape), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    nl.store(out[0], value=nl.exp(t))
+    nl.store(out[1], value=nisa.activation(op=nl.exp, data=t, bias=nl.load(bias), scale=0.5))
+    nl.store(out[2], value=nisa.exponential(t, max_value=nl.load(bias)))
+    return out
+
+
+@pytest.mark.parametrize("cols", [1, 15, 16, 77])
+def test_nl_exp_is_inductors_vectorized_exp(cols, monkeypatch):
+    # ScalarE's exp (nl.exp, activation, exponential) is the exp Inductor generates, on every element (a row's
+    # vector tail included): what Inductor's own compiled code gives, and within float32's tolerance of ATen's
+    monkeypatch.setenv("TORCHNEURON_NKI_REPLAY", "0")
+    x, bias = torch.randn(128, cols) * 4, torch.randn(128, 1)
+    got = _exps(x.to("neuron"), bias.to("neuron")).cpu()
+    want = torch.compile(lambda a, b: torch.stack([a.exp(), (a * 0.5 + b).exp(), (a - b).exp()]),
+                         backend="inductor", dynamic=False)(x, bias)
+    _bit_equal(got, want)
+    torch.testing.assert_close(got, torch.stack([x.exp(), (x * 0.5 + bias).exp(), (x - bias).exp()]))
+    special = torch.tensor([0.0, -0.0, 88.7, 88.8, -87.3, -103.0, -104.0, float("inf"), float("-inf"), float("nan")])
+    torch.testing.assert_close(_exp.exp(special.to("neuron")).cpu(), special.exp(), equal_nan=True)
+
+
+def test_replay_keeps_the_interpreters_exp_where_its_fused_exp_differs(monkeypatch):
+    def fuse_differently(gm):  # a fused "exp" that is not the interpreter's: the first compiled run differs
+        n = 0
+        for node in gm.graph.nodes:
+            if node.target is _exp.vec_exp:
+                node.target, n = torch.ops.aten.expm1.default, n + 1
+        gm.recompile()
+        return n
+
+    monkeypatch.setattr(_replay, "fuse_exp", fuse_differently)
+    entry = _replayed(softmax, (torch.randn(512, 256).to("neuron"),), monkeypatch)
+    assert not entry.exp_fused and entry.merges == 2 and entry.aten_calls == 2, (entry.merges, entry.aten_calls)
+    assert entry.ops.get("nki_exact.vec_exp.default") == 1, entry.ops
 
 
 def test_replay_computes_a_tiled_elementwise_map_in_one_pass(monkeypatch):

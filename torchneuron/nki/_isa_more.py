@@ -14,6 +14,7 @@ import math
 import torch
 
 from . import _cost
+from . import _exp
 from . import _hardware as hw
 from . import isa
 from . import _language_more as _lm
@@ -525,7 +526,7 @@ def exponential(*args, **kwargs):
     mv = kwargs.pop("max_value", 0.0)
     mv = read(mv, "exponential (max_value)")
     mv = mv.float().reshape(-1, *([1] * (x.dim() - 1))) if isinstance(mv, torch.Tensor) else float(mv)
-    y = torch.exp(x - mv)
+    y = _exp.exp(x - mv)
     reduce_res = kwargs.pop("reduce_res", None)
     if reduce_res is not None:
         write(reduce_res, _per_partition(y).sum(1, keepdim=True), "exponential")

@@ -14,9 +14,11 @@ Before compiling, the graph is prepared so that its replay equals the interprete
 * what does not depend on the kernel's inputs (index expressions, masks, gather indices) is computed
   once and kept as constants; a boolean-mask index becomes the integer indices it selects;
 * ops whose result Inductor would compute differently from ATen's kernel (reductions, whose order of
-  additions differs, transcendentals including exp, matrix products) run as ATen's own kernels inside
-  the graph (custom ops Inductor cannot look into); additions, products, divisions (neuron's Inductor
-  keeps a division by a constant a division), copies and the like are fused;
+  additions differs, transcendentals, matrix products) run as ATen's own kernels inside the graph
+  (custom ops Inductor cannot look into); additions, products, divisions (neuron's Inductor keeps a
+  division by a constant a division), copies and the like are fused; so is ``exp``, which the
+  interpreter computes with Inductor's own vectorized code (:mod:`._exp`, :func:`fuse_exp`), and which
+  is kept as a call of that code if the fused graph differs;
 * the ATen calls a loop makes once per tile (the same op on tiles of the same layout, none depending on
   another) run as one call on the tiles stacked (:func:`batch`): one call instead of one per tile, each
   element computed by the same kernel; if that graph's first run differs, the graph without it is
@@ -110,6 +112,7 @@ class Entry:
     interpreted_seconds: float = 0.0
     ops: Dict[str, int] = dataclasses.field(default_factory=dict)  # the compiled graph's ops, how many of each
     merges: int = 0  # groups of per-tile ATen calls run as one call each (batch())
+    exp_fused: bool = False  # the interpreter's exp computed by Inductor's fused code (fuse_exp())
     aten_calls: int = 0  # ATen calls kept out of Inductor in the compiled graph (nki_exact ops, stores included)
 
 
@@ -153,9 +156,9 @@ def itertools_chain(args, kwargs):
 # ---- preparing the graph ------------------------------------------------------------------------------
 
 # Ops whose Inductor code rounds as ATen's kernels do: elementwise IEEE arithmetic, comparisons,
-# selections, casts and data movement, and exp/rsqrt/sqrt (Inductor calls the same vectorized functions
-# as ATen's CPU kernels; not exp, whose Inductor code differs in the last bit). Everything else that
-# computes runs as ATen's kernel (opaque to Inductor).
+# selections, casts and data movement, and rsqrt/sqrt (Inductor calls the same vectorized functions
+# as ATen's CPU kernels; not ATen's exp, whose Inductor code differs in the last bit: the interpreter's
+# exp is Inductor's, see fuse_exp). Everything else that computes runs as ATen's kernel (opaque to Inductor).
 _FUSED = {
     "add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp",
@@ -550,6 +553,7 @@ _MAP_OPS = {
     "add", "sub", "mul", "div", "neg", "abs", "maximum", "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "clamp", "sqrt",
     "rsqrt", "reciprocal", "relu", "sign", "floor", "ceil", "trunc", "_to_copy", "clone", "square", "pow",
+    "vec_exp",
 }
 
 
@@ -652,6 +656,7 @@ _BATCH_ELEMENTWISE = {
     "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "gelu", "silu",
     "softplus", "mish", "elu", "logit", "pow", "div", "mul", "add", "sub", "round", "frac", "remainder",
     "fmod", "sqrt", "rsqrt", "reciprocal", "neg", "abs", "sign", "floor_divide", "hardsigmoid", "hardswish",
+    "vec_exp",
 }
 # Ops kept as ATen's kernels that work along their ``dim`` argument: stacked, the same op along dim + 1.
 _BATCH_ALONG_DIM = {
@@ -942,6 +947,31 @@ def _reorder(graph: fx.Graph, deps: Dict[fx.Node, set], index: Dict[fx.Node, flo
         output.prepend(n)
 
 
+def _batched(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], name: str) -> int:
+    """batch(gm), or 0 when the graph cannot be reordered (``gm`` is then not to be used)."""
+    try:
+        return batch(gm, inputs)
+    except Exception as e:  # noqa: BLE001  (a graph batch() cannot reorder: compiled as prepared)
+        log.info("nki %s: the per-tile ATen calls stay apart (%s: %s)", name, type(e).__name__, e)
+        return 0
+
+
+def fuse_exp(gm: fx.GraphModule) -> int:
+    """The interpreter's ``exp`` (``nki_exact::vec_exp``, Inductor's vectorized code, :mod:`._exp`) as
+    ``aten.exp``, which Inductor fuses with the ops around it and computes with the same vector function.
+    Returns how many; the first compiled run checks that each element came out the same."""
+    from ._exp import vec_exp
+
+    count = 0
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is vec_exp:
+            n.target = aten.exp.default
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
 def batch(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], limit: int = 64) -> int:
     """Merge the prepared graph's per-tile ATen calls (the same op on tiles of the same layout, independent of
     each other, as the iterations of an ``nl.affine_range`` loop are) into one call each, on the tiles stacked:
@@ -1028,19 +1058,21 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
             entry.interpret, entry.reason = True, reason
             log.info("nki %s: replay keeps the interpreter: %s", name, reason)
             return rebuild(interpreted, tensors), call
-        # The per-tile ATen calls merged (batch()) first; if that graph differs or fails, the one without.
+        # First the interpreter's exp fused by Inductor (fuse_exp()) with the per-tile ATen calls merged
+        # (batch()); if that graph differs or fails, exp as the interpreter's kernel, merged; then unmerged.
         attempts = []
+        fused = copy.deepcopy(prepared)
+        if fuse_exp(fused):
+            merged = copy.deepcopy(fused)
+            fused_merges = _batched(merged, before, name)
+            attempts.append((merged, fused_merges, True) if fused_merges else (fused, 0, True))
         batched = copy.deepcopy(prepared)
-        try:
-            merges = batch(batched, before)
-        except Exception as e:  # noqa: BLE001  (a graph batch() cannot reorder: compiled as prepared)
-            log.info("nki %s: the per-tile ATen calls stay apart (%s: %s)", name, type(e).__name__, e)
-            merges = 0
+        merges = _batched(batched, before, name)
         if merges:
-            attempts.append((batched, merges))
-        attempts.append((prepared, 0))
+            attempts.append((batched, merges, False))
+        attempts.append((prepared, 0, False))
         failure = ""
-        for graph_module, merges in attempts:
+        for graph_module, merges, exp_fused in attempts:
             try:
                 compiled = _compile(graph_module, tensors)
             except Exception as e:  # noqa: BLE001  (any compile failure: the next attempt, or the interpreter)
@@ -1055,10 +1087,11 @@ def trace_and_compile(entry: Entry, name: str, interpret: Callable, tensors: Lis
             bad += [f"argument {i}" for i, (a, b) in enumerate(zip(ins, after)) if not same_bits(a, b)]
             if bad or len(outs) != len(interpreted):
                 failure = f"its compiled graph differs from the interpreter (outputs {bad})"
-                if merges:
-                    log.info("nki %s: with its per-tile ATen calls merged %s; compiled again without", name, failure)
+                if merges or exp_fused:
+                    log.info("nki %s: with %s %s; compiled again without", name,
+                             "its exp fused" if exp_fused else "its per-tile ATen calls merged", failure)
                 continue
-            entry.merges, failure = merges, ""
+            entry.merges, entry.exp_fused, failure = merges, exp_fused, ""
             entry.ops = {}
             for n in graph_module.graph.nodes:
                 if n.op == "call_function":
@@ -1109,7 +1142,7 @@ class ReplayReport:
         lines = [f"nki replay: {len(self.rows)} kernel shapes"]
         for name, e in self.rows:
             how = (f"replayed {e.replays} times (compiled in {e.compile_seconds:.1f} s, {e.aten_calls} ATen calls "
-                   f"kept)" if e.runner is not None
+                   f"kept{', exp fused' if e.exp_fused else ''})" if e.runner is not None
                    else ("interpreted: " + e.reason if e.interpret else f"interpreted ({e.calls} calls so far)"))
             lines.append(f"  {name}: {how}")
         return "\n".join(lines)

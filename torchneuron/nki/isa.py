@@ -61,7 +61,9 @@ def activation(*args, **kwargs):
     fn = _torch_op(op, "activation")
     x = read(data, "activation").float()
     s = read(scale, "activation (scale)")
-    y = x * (_per_partition_operand(s.float(), x) if isinstance(s, torch.Tensor) else s)
+    # A scale of exactly 1.0 before a bias is skipped (x * 1.0 is x): one pass less, in the replayed graph too.
+    y = x if bias is not None and not isinstance(s, torch.Tensor) and s == 1.0 else \
+        x * (_per_partition_operand(s.float(), x) if isinstance(s, torch.Tensor) else s)
     if bias is not None:
         b = read(bias, "activation (bias)")
         y = y + (_per_partition_operand(b.float(), x) if isinstance(b, torch.Tensor) else b)

@@ -17,6 +17,7 @@ import torch
 
 from . import _cost
 from . import _dtypes
+from . import _exp
 from . import _hardware as hw
 from . import _tensor_engine
 from ._core import (TILE_OPS, Buffer, HbmTensor, HbmView, IndexExpr, ParDim, Tile, TileView, _fake, _set, as_dtype, both, defined, fail,
@@ -367,7 +368,7 @@ greater = _binary(torch.gt, "greater")
 greater_equal = _binary(torch.ge, "greater_equal")
 less = _binary(torch.lt, "less")
 less_equal = _binary(torch.le, "less_equal")
-exp = _unary(torch.exp, "exp", True)
+exp = _unary(_exp.exp, "exp", True)  # Inductor's vectorized exp, as the replay computes it (_exp)
 log = _unary(torch.log, "log", True)
 sqrt = _unary(torch.sqrt, "sqrt", True)
 rsqrt = _unary(torch.rsqrt, "rsqrt", True)
