@@ -520,7 +520,8 @@ at::Tensor sum(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
 
 // The PrivateUse1 kernel of a DispatchStub over a TensorIterator: the stub's CPU kernel, launched on
 // the iterator's device as a kernel named after the op that reached it (KernelNameScope), else after
-// the stub.
+// the stub. Reached from inside a running kernel (an op a CPU kernel dispatches, as a reduction's
+// kernel zeroes its result with fill_), it runs as part of that kernel.
 template <auto& Stub, class Fn = typename std::remove_reference_t<decltype(Stub)>::FnPtr>
 struct DeviceStub;
 template <auto& Stub, class Iterator, class... A>
@@ -533,10 +534,13 @@ struct DeviceStub<Stub, void (*)(Iterator&, A...)> {
       TORCH_INTERNAL_ASSERT(iter.dtype(i) == iter.dtype(iter.noutputs()) &&
                                 (!iter.device(i).is_cpu() || iter.tensor_base(i).dim() == 0),
                             "neuron: the ", name, " kernel was reached with inputs it cannot read");
-    KernelArguments arguments;  // strict mode: the memory of the iterator's tensors
-    if (rt::strictMode())
+    if (rt::insideKernel()) return Stub(c10::DeviceType::CPU, iter, a...);  // a nested op: part of that kernel
+    std::optional<KernelArguments> arguments;  // strict mode: the memory of the iterator's tensors
+    if (rt::strictMode()) {
+      arguments.emplace();
       for (int i = 0; i < iter.ntensors(); ++i)
-        if (!iter.device(i).is_cpu()) arguments.add(iter.tensor_base(i).storage());
+        if (!iter.device(i).is_cpu()) arguments->add(iter.tensor_base(i).storage());
+    }
     const char* op = KernelNameScope::current();
     launch(iter.device().index(), {rt::ActivityKind::Kernel, op != nullptr ? op : name},
            [&] { Stub(c10::DeviceType::CPU, iter, a...); });

@@ -10,6 +10,7 @@
 #include "fallback.h"
 #include "launch.h"
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/fill_native.h>
@@ -74,12 +75,31 @@ bool plainDeviceTensor(const at::Tensor& self) {
          !self.is_quantized() && !self.is_nested() && !self.is_conj() && !self.is_neg() && self.has_storage();
 }
 
+// What the CPU does for a one-element tensor (at::detail::scalar_fill, which libtorch does not
+// export): the value, converted, written through the data pointer.
+void fillOne(const at::Tensor& self, const c10::Scalar& value) {
+  AT_DISPATCH_V2(self.scalar_type(), "fill_out", AT_WRAP([&]() {
+    *static_cast<scalar_t*>(self.data_ptr()) = value.to<scalar_t>();
+  }), c10::kComplexHalf, c10::kHalf, c10::kBool, c10::kBFloat16, AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX),
+      AT_EXPAND(AT_FLOAT8_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+}
+
 // Fills `self` with `value`, launching as `name`.
 at::Tensor& fillAs(at::Tensor& self, const c10::Scalar& value, const char* name) {
   // Recorded by fused eager, or another kind of tensor: the fallback (which asks fused eager again).
   if (!plainDeviceTensor(self) || recordingOps()) return fillThroughFallback(self, value);
   if (zeroBits(value, self.scalar_type()) && fillZeroThroughRuntime(self)) return self;
   if (rt::asyncMode()) return fillThroughFallback(self, value);  // queued by the fallback
+  if (self.numel() == 1) {  // the CPU's shortcut (a reduction's kernel zeroes its one-element result so)
+    if (rt::insideKernel()) {  // part of the running kernel
+      fillOne(self, value);
+      return self;
+    }
+    KernelArguments arguments;  // strict mode: self's memory
+    arguments.add(self.storage());
+    launch(self.device().index(), {rt::ActivityKind::Kernel, name}, [&] { fillOne(self, value); });
+    return self;
+  }
   KernelNameScope scope(name);
   return at::native::fill_(self, value);  // the CPU's kernel, launched by the fill stub's device kernel
 }
