@@ -823,9 +823,16 @@ def main(argv: list[str] | None = None) -> int:
             payload = json.loads(path.read_text())
             commands.append(payload["settings"])
             for row in payload["results"]:
+                earlier = rows_by_model.get(row["model"])
+                if payload["settings"]["eager_only"] and earlier is not None and "compiled" in earlier:
+                    # A later eager run replaces the eager result only: the compiled one, and how its
+                    # process ended (a timeout while compiling), stay.
+                    row = {**row, **{k: earlier[k] for k in ("compiled", "process", "log_tail") if k in earlier}}
                 rows_by_model[row["model"]] = row
         rows = _in_suite_order(list(rows_by_model.values()))
         eager_only = all(s["eager_only"] for s in commands)
+        for row in rows:
+            classify(row, eager_only)
         summary = summarize(rows, eager_only)
         print(format_table(rows, summary, eager_only))
         if args.markdown:

@@ -130,3 +130,35 @@ def test_a_timeout_in_the_cpus_own_compile_is_the_cpus_failure(monkeypatch):
     row = timed_out("neuron")
     model_suite.classify(row, eager_only=False)
     assert row["verdict"] == "timeout"
+
+
+def test_a_later_eager_run_replaces_only_the_eager_result(tmp_path):
+    """--from-json: an eager-only run merged after a full one keeps each model's compiled result,
+    and a timeout while the CPU compiled (an expected failure) stays one."""
+    def row(model, ratio, compiled=True, **extra):
+        r = {"model": model, "family": "decoder", "parameters": 10, "loss": 1.0,
+             "eager": {"ok": True, "bitwise": True, "max_abs_diff": 0.0, "mismatch": None, "compared": 3,
+                       "ratio": ratio, "cpu_ms": 1.0, "neuron_ms": ratio, "inner": 1}, **extra}
+        if compiled:
+            r["compiled"] = {"first": "cpu", "cpu_compile_s": 10.0, "neuron_compile_s": 11.0, "ok": True,
+                             "bitwise": True, "max_abs_diff": 0.0, "mismatch": None, "compared": 3,
+                             "compile_ratio": 1.1, "vs_eager_cpu": True, "ratio": 1.02, "cpu_ms": 0.5,
+                             "neuron_ms": 0.51, "inner": 1}
+        return r
+
+    def payload(eager_only, rows):
+        settings = {"argv": ["benchmarks/model_suite.py"] + (["--eager-only"] if eager_only else []),
+                    "eager_only": eager_only, "busy_cpus_before_run": 0.0}
+        return {"suite": "x", "created": "now", "settings": settings, "environment": {}, "summary": {}, "results": rows}
+
+    funnel_timeout = row("funnel", 1.2, process="timeout")
+    funnel_timeout["compiled"] = {"compiling": "cpu", "first": "cpu"}
+    full = tmp_path / "full.json"
+    full.write_text(json.dumps(payload(False, [row("llama", 1.10), funnel_timeout])))
+    eager = tmp_path / "eager.json"
+    eager.write_text(json.dumps(payload(True, [row("llama", 1.04, compiled=False), row("funnel", 1.05, compiled=False)])))
+    md = tmp_path / "suite.md"
+    assert model_suite.main(["--from-json", str(full), "--from-json", str(eager), "--markdown", str(md)]) == 0
+    lines = {ln.split(" | ")[0].strip("| "): ln for ln in md.read_text().splitlines() if ln.startswith("| ")}
+    assert "| 1.04 | pass | 1.02 |" in lines["llama"], lines["llama"]  # the new eager ratio, the old compiled one
+    assert "1.05" in lines["funnel"] and "xfail" in md.read_text()  # still the CPU's own compile timeout
