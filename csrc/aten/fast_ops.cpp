@@ -306,7 +306,8 @@ struct Fast<Op, at::Tensor&(Args...)> {
 // dtype only on the CPU, so an op takes this path only when its tensors are neuron tensors of one
 // dtype on one device (floating point, for ops that compute in it); anything else runs through
 // Fast<Op>. Only ops whose CPU impl does nothing but call stubs with the iterator's device (no
-// branch on the device, no hard-coded kCPU) are listed; tests/test_ops.py checks each launches.
+// branch on the device, no hard-coded kCPU) are listed; tests/test_structured_ops.py checks that
+// each launches its kernel.
 
 // The device allocation of a structured kernel's output, as the CPU's create_out allocates it.
 at::Tensor emptyOnDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options) {
@@ -366,11 +367,10 @@ struct InPlace final : Kernel {
 enum class Takes { AnyDtype, FloatingPoint, FullPrecision };
 
 // Whether an op's tensor arguments allow the structured path: defined neuron tensors of one dtype on
-// one device, of a dtype the op `Takes`, and at most one 0-dim CPU tensor (a Python number)
-// that does not change the result's dtype, and is not a bool (which some metas refuse). That one is
-// handed to the kernel in the tensors' dtype,
-// as the CPU's TensorIterator would cast it (only the float32, float64, int64 and int32 kernels:
-// the reduced-precision ones read a scalar's original value).
+// one device, of a dtype the op `Takes`, and at most one 0-dim CPU tensor (a Python number) that
+// does not change the result's dtype and is not a bool (which some metas refuse). That one is handed
+// to the kernel in the tensors' dtype, as the CPU's TensorIterator would cast it (only for float32,
+// float64, int64 and int32: the reduced-precision kernels read a scalar's original value).
 class Uniform {
  public:
   explicit Uniform(Takes takes) : takes_(takes) {}
