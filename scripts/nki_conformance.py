@@ -147,12 +147,15 @@ def _scripts_calling_their_tests(results: List[Tuple[str, str, str]], files: Lis
     parameters no pytest fixtures) is a script: an error of that test under pytest is replaced by the
     outcome of running the file, whose call is the check."""
     out = []
+    ran: Dict[Path, Tuple[str, str, str]] = {}  # a file run once for all of its tests it calls itself
     for kernel, outcome, detail in results:
         stem, _, test = kernel.split("/", 1)[1].partition("::")
         f = next((f for f in files if f.stem == stem), None)
         if outcome == "error" and f is not None and test and \
                 re.search(rf"^{re.escape(test)}\(", f.read_text(errors="replace"), re.M):
-            _, outcome, detail = run_script(kernel.split("/", 1)[0], f, extra_path + [f.parent], timeout)
+            if f not in ran:
+                ran[f] = run_script(kernel.split("/", 1)[0], f, extra_path + [f.parent], timeout)
+            _, outcome, detail = ran[f]
             kernel += " (the file's own call, run as a script)"
         out.append((kernel, outcome, detail))
     return out

@@ -450,11 +450,9 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor(Args...)> {
       op.meta(uniform.pass(args)...);
       op.impl(uniform.pass(args)..., op.output);
       return std::move(op.output);
-    } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (before writing)
-      static const bool widened = widens(Op::name);
-      if (!widened) throw;
+    } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
     }
-    return throughWidening<Op, at::Tensor, Args...>(args...);
+    return Fast<Op>::run(args...);  // which widens the dtype, or raises the CPU's error again
   }
 };
 template <class Op, class Kernel, Takes Dtypes, class... Rest>
@@ -513,9 +511,9 @@ at::Tensor sum(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
     op.meta(self, all, false, dtype);
     op.impl(self, all, false, dtype, op.output);
     return std::move(op.output);
-  } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype: widened as Fast does
+  } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
   }
-  return Fast<at::_ops::sum>::run(self, dtype);
+  return Fast<at::_ops::sum>::run(self, dtype);  // which widens the dtype, or raises the CPU's error again
 }
 
 // The PrivateUse1 kernel of a DispatchStub over a TensorIterator: the stub's CPU kernel, launched on
@@ -555,15 +553,24 @@ std::string qualifiedName(const char* name, const char* overload) {
   return overload[0] ? std::string(name) + "." + overload : std::string(name);
 }
 
+#define NEURON_FAST(op) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(Fast<at::_ops::op>::call));
+
+#if TORCHNEURON_CPU_STUBS
 // An op run as a structured kernel (`kernel`: its CPU class; `takes`: the dtypes it takes, Takes).
 #define NEURON_STRUCTURED(op, kernel, takes) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
          TORCH_FN((Structured<at::_ops::op, at::native::kernel, Takes::takes>::call)));
+// One written out here (relu, sum): `fn`.
+#define NEURON_STRUCTURED_FN(op, fn) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(fn));
 // A stub that those kernels call.
 #define NEURON_STUB(stub, name) DeviceStub<at::native::stub>::install(name);
-
-#define NEURON_FAST(op) \
-  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(Fast<at::_ops::op>::call));
+#else  // a stub's CPU kernel cannot be called from here (dispatch_stub.h): every op through Fast<Op>
+#define NEURON_STRUCTURED(op, kernel, takes) NEURON_FAST(op)
+#define NEURON_STRUCTURED_FN(op, fn) NEURON_FAST(op)
+#define NEURON_STUB(stub, name)
+#endif
 
 }  // namespace
 
@@ -626,7 +633,7 @@ void registerFastOps() {
   NEURON_STRUCTURED(erf, structured_erf_out, FloatingPoint) NEURON_STRUCTURED(silu, structured_silu_out, FloatingPoint)
   NEURON_STRUCTURED(leaky_relu, structured_leaky_relu_out, FloatingPoint) NEURON_STRUCTURED(elu, structured_elu_out, FloatingPoint)
   NEURON_STRUCTURED(softplus, structured_softplus_out, FloatingPoint)
-  m.impl("relu", TORCH_FN(relu)); m.impl("relu_", TORCH_FN(relu_));
+  NEURON_STRUCTURED_FN(relu, relu) NEURON_STRUCTURED_FN(relu_, relu_)
   NEURON_FAST(gelu)  // (its CPU impl calls the CPU's kernel itself, or oneDNN's)
   // their gradients
   NEURON_STRUCTURED(threshold_backward, structured_threshold_backward_out, AnyDtype) NEURON_FAST(gelu_backward)
@@ -637,7 +644,7 @@ void registerFastOps() {
   NEURON_FAST(mm) NEURON_FAST(bmm) NEURON_FAST(addmm)
   NEURON_FAST(baddbmm)
   // reductions and normalizations
-  NEURON_STRUCTURED(sum_dim_IntList, structured_sum_out, FullPrecision) m.impl("sum", TORCH_FN(sum));
+  NEURON_STRUCTURED(sum_dim_IntList, structured_sum_out, FullPrecision) NEURON_STRUCTURED_FN(sum, sum)
   NEURON_FAST(mean_dim)  // (the CPU's impl is sum, then div_: another path than the stub's)
   NEURON_STRUCTURED(amax, structured_amax_out, AnyDtype) NEURON_STRUCTURED(amin, structured_amin_out, AnyDtype)
   NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)

@@ -7,6 +7,7 @@
 // host's. Everything else runs the CPU's fill kernel over the device memory (the fill DispatchStub's
 // PrivateUse1 kernel, fast_ops.cpp), or, for what that cannot take (ops fused eager records,
 // asynchronous mode, quantized, conjugate or negative views), through the boxed fallback.
+#include "dispatch_stub.h"  // first: it declares DispatchStub as PyTorch's build does
 #include "fallback.h"
 #include "launch.h"
 
@@ -89,7 +90,8 @@ at::Tensor& fillAs(at::Tensor& self, const c10::Scalar& value, const char* name)
   // Recorded by fused eager, or another kind of tensor: the fallback (which asks fused eager again).
   if (!plainDeviceTensor(self) || recordingOps()) return fillThroughFallback(self, value);
   if (zeroBits(value, self.scalar_type()) && fillZeroThroughRuntime(self)) return self;
-  if (rt::asyncMode()) return fillThroughFallback(self, value);  // queued by the fallback
+  // Queued by the fallback (asynchronous mode), or the fill stub has no device kernel (fast_ops.cpp)
+  if (rt::asyncMode() || !TORCHNEURON_CPU_STUBS) return fillThroughFallback(self, value);
   if (self.numel() == 1) {  // the CPU's shortcut (a reduction's kernel zeroes its one-element result so)
     if (rt::insideKernel()) {  // part of the running kernel
       fillOne(self, value);
