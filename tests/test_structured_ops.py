@@ -179,3 +179,95 @@ def test_autograd_through_structured_ops():
     for t in (xc, xn):
         (torch.sigmoid(t) * t.exp() - t.relu() / (t.tanh() + 2)).sum().backward()
     torch.testing.assert_close(xn.grad.cpu(), xc.grad, rtol=0, atol=0)
+
+
+# Matrix products: the CPU's structured impl runs inside the op's launch (LaunchedStructured), and
+# what it dispatches there (addmm's copy of its input, the clone of an operand of unusual strides,
+# zero_ for an empty inner dimension) is nested work of that launch.
+MATRIX_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.complex64, torch.int64,
+                 torch.int32, torch.uint8]
+OPERANDS = {
+    "contiguous": lambda t: t,
+    "transposed": lambda t: t.t().contiguous().t(),  # column-major: BLAS's transposed operand
+    "strided": lambda t: torch.cat([t, t], 1)[:, ::2],  # neither layout: cloned inside the impl
+    "conj": lambda t: t.conj() if t.is_complex() else t,
+}
+PRODUCTS = {
+    "mm": lambda a, b, c: torch.mm(a, b),
+    "addmm_row": lambda a, b, c: torch.addmm(c[0], a, b),
+    "addmm_matrix": lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2),
+    "addmm_beta0": lambda a, b, c: torch.addmm(c.fill_(float("nan")) if c.is_floating_point() else c, a, b, beta=0),
+    "linear": lambda a, b, c: F.linear(a, b.t(), c[0]),
+}
+
+
+def _matrices(dtype, m=7, k=9, n=5):
+    g = torch.Generator().manual_seed(1)
+    make = lambda *s: (torch.randn(*s, generator=g, dtype=torch.complex64) if dtype.is_complex
+                       else torch.randn(*s, generator=g) * 4).to(dtype)  # noqa: E731
+    return make(m, k), make(k, n), make(m, n)
+
+
+@pytest.mark.parametrize("dtype", MATRIX_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(PRODUCTS))
+def test_matrix_products_equal_the_cpus(name, dtype):
+    for shape in [(7, 9, 5), (1, 9, 5), (7, 0, 5), (0, 3, 4)]:
+        a, b, c = _matrices(dtype, *shape)
+        for left, right in [("contiguous", "contiguous"), ("transposed", "contiguous"),
+                            ("contiguous", "transposed"), ("strided", "strided"), ("conj", "conj")]:
+            la, rb = OPERANDS[left], OPERANDS[right]
+            _same_outcome(lambda x, y, z: PRODUCTS[name](la(x), rb(y), z.clone()),
+                          (a, b, c), (a.to(DEV), b.to(DEV), c.to(DEV)))
+
+
+@pytest.mark.parametrize("name", ["mm", "addmm_row", "linear"])
+def test_a_matrix_product_is_one_launch(name):
+    """The input addmm copies into its result is nested work of addmm's launch, not a launch of its own."""
+    a, b, c = (t.to(DEV) for t in _matrices(torch.float32))
+    call = lambda: PRODUCTS[name](a, b, c)  # noqa: E731
+    call()
+    assert _device_work(call) == ["neuronLaunchKernel"]
+
+
+def test_matrix_product_errors_are_the_cpus():
+    a, b, c = _matrices(torch.float32)
+    for fn in [lambda x, y, z: torch.mm(x, x),  # shapes that cannot be multiplied
+               lambda x, y, z: torch.mm(x, y.double()),  # two dtypes
+               lambda x, y, z: torch.addmm(z[:2], x, y),  # an input that does not broadcast
+               lambda x, y, z: torch.mm(x[0], y)]:  # not a matrix
+        _same_outcome(fn, (a, b, c), (a.to(DEV), b.to(DEV), c.to(DEV)))
+    with pytest.raises(RuntimeError, match="same device|device"):
+        torch.mm(a.to(DEV), b)
+
+
+def test_autograd_through_matrix_products():
+    x, w, bias = torch.randn(6, 4), torch.randn(3, 4), torch.randn(3)
+    grads = []
+    for dev in ("cpu", DEV):
+        p = [t.to(dev, copy=True).requires_grad_(True) for t in (x, w, bias)]
+        (F.linear(*p).tanh() @ p[1]).sum().backward()
+        grads.append([t.grad.cpu() for t in p])
+    for got, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_copies_between_neuron_tensors_equal_the_cpus():
+    """copy_ between neuron tensors goes to the device's copy from the first dispatch: casts,
+    broadcasts, conjugate and negative views, the tensor itself, overlapping and refused copies."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 8, generator=g)
+    z = torch.randn(6, 8, generator=g, dtype=torch.complex64)
+    cases = [
+        (lambda t, u: torch.empty(6, 8, dtype=torch.int32, device=t.device).copy_(t), (x, z)),
+        (lambda t, u: torch.empty(3, 6, 8, device=t.device).copy_(t[0]), (x, z)),
+        (lambda t, u: torch.empty_like(u).copy_(u.conj()), (x, z)),
+        (lambda t, u: torch.empty_like(t).copy_(t._neg_view()), (x, z)),
+        (lambda t, u: t.clone().copy_(t), (x, z)),
+        (lambda t, u: t.t().clone().copy_(t.t()), (x, z)),
+        (lambda t, u: t.clone()[:, :4].copy_(t[:, 4:]), (x, z)),
+        (lambda t, u: (lambda v: v[:, 1:].copy_(v[:, :-1]))(t.clone()), (x, z)),  # overlapping in one storage
+        (lambda t, u: t[:1].expand(6, 8).copy_(t), (x, z)),  # refused: overlapping writes
+        (lambda t, u: torch.empty(0, 8, device=t.device).copy_(t[:0]), (x, z)),
+    ]
+    for fn, args in cases:
+        _same_outcome(fn, args, tuple(a.to(DEV) for a in args))

@@ -27,6 +27,7 @@
 #include <ATen/ops/add_native.h>
 #include <ATen/ops/addcdiv_native.h>
 #include <ATen/ops/addcmul_native.h>
+#include <ATen/ops/addmm_native.h>
 #include <ATen/ops/amax_native.h>
 #include <ATen/ops/amin_native.h>
 #include <ATen/ops/clamp_min_native.h>
@@ -45,6 +46,7 @@
 #include <ATen/ops/lt_native.h>
 #include <ATen/ops/maximum_native.h>
 #include <ATen/ops/minimum_native.h>
+#include <ATen/ops/mm_native.h>
 #include <ATen/ops/mul_native.h>
 #include <ATen/ops/ne_native.h>
 #include <ATen/ops/neg_native.h>
@@ -412,6 +414,9 @@ class Uniform {
       default: return false;
     }
   }
+  // The tensors' device (once ok()), and whether a CPU scalar came with them.
+  c10::DeviceIndex device() const { return device_; }
+  bool hasScalar() const { return scalar_ != nullptr; }
   // An argument as the kernel takes it.
   const at::Tensor& pass(const at::Tensor& t) const { return &t == scalar_ ? converted_ : t; }
   template <class T>
@@ -468,6 +473,41 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor&(at::Tensor&, Rest...)> {
     op.meta(self, uniform.pass(rest)...);
     op.impl(self, uniform.pass(rest)..., self);  // (no in-place op of the widening table is listed)
     return self;
+  }
+};
+
+// Matrix products: their CPU impls (addmm_impl_cpu_) call BLAS on the tensors' pointers themselves,
+// not through a stub, so the impl runs inside the op's launch. What it dispatches there (addmm's
+// copy of its input into the result, the clone of an operand of unusual strides, a zero_) runs as
+// nested work of that launch, as it would inside the CPU's kernel. Only the functional variants,
+// of neuron tensors alone (no CPU scalar) of one dtype.
+template <class Op, class Kernel, class Schema = typename Op::schema>
+struct LaunchedStructured;
+template <class Op, class Kernel, class... Args>
+struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
+  static at::Tensor call(Args... args) {
+    if (recordingOps()) return Fast<Op>::call(args...);  // fused eager records it
+    Uniform uniform(Takes::AnyDtype);
+    (uniform.add(args), ...);
+    if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::run(args...);
+    try {
+      Functional<Kernel> op;
+      op.meta(args...);
+      std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
+      if (rt::strictMode()) {
+        arguments.emplace();
+        auto add = [&](const auto& a) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) arguments->add(a.storage());
+        };
+        (add(args), ...);
+        arguments->add(op.output.storage());
+      }
+      launch(uniform.device(), {rt::ActivityKind::Kernel, kernelName(Op::name)},
+             [&] { op.impl(args..., op.output); });
+      return std::move(op.output);
+    } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
+    }
+    return Fast<Op>::run(args...);  // which widens the dtype, or raises the CPU's error again
   }
 };
 
@@ -561,6 +601,10 @@ std::string qualifiedName(const char* name, const char* overload) {
 #define NEURON_STRUCTURED(op, kernel, takes) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
          TORCH_FN((Structured<at::_ops::op, at::native::kernel, Takes::takes>::call)));
+// One whose impl runs inside its launch (matrix products): LaunchedStructured.
+#define NEURON_LAUNCHED(op, kernel) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
+         TORCH_FN((LaunchedStructured<at::_ops::op, at::native::kernel>::call)));
 // One written out here (relu, sum): `fn`.
 #define NEURON_STRUCTURED_FN(op, fn) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(fn));
@@ -569,6 +613,7 @@ std::string qualifiedName(const char* name, const char* overload) {
 #else  // a stub's CPU kernel cannot be called from here (dispatch_stub.h): every op through Fast<Op>
 #define NEURON_STRUCTURED(op, kernel, takes) NEURON_FAST(op)
 #define NEURON_STRUCTURED_FN(op, fn) NEURON_FAST(op)
+#define NEURON_LAUNCHED(op, kernel) NEURON_FAST(op)
 #define NEURON_STUB(stub, name)
 #endif
 
@@ -641,7 +686,7 @@ void registerFastOps() {
   NEURON_STRUCTURED(sigmoid_backward, structured_sigmoid_backward_out, FloatingPoint)
   NEURON_STRUCTURED(tanh_backward, structured_tanh_backward_out, FloatingPoint)
   // matrix products
-  NEURON_FAST(mm) NEURON_FAST(bmm) NEURON_FAST(addmm)
+  NEURON_LAUNCHED(mm, structured_mm_out_cpu) NEURON_FAST(bmm) NEURON_LAUNCHED(addmm, structured_addmm_out_cpu)
   NEURON_FAST(baddbmm)
   // reductions and normalizations
   NEURON_STRUCTURED(sum_dim_IntList, structured_sum_out, FullPrecision) NEURON_STRUCTURED_FN(sum, sum)

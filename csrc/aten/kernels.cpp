@@ -13,6 +13,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/copy.h>
+#include <ATen/ops/copy_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
@@ -197,8 +198,24 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool non_bloc
     const auto other = dst.device().index();
     checkRuntime(runtime::synchronizeStream(other, currentStream(other).id()), other, "a copy between devices");
   }
-  launch(device, info, [&] { cpu_dst.copy_(cpu_src); });
+  // PyTorch's CPU copy_ itself: the views are the kernel's own, below every key a dispatch would pass.
+  launch(device, info, [&] { at::native::copy_(cpu_dst, cpu_src, /*non_blocking=*/false); });
   return dst;
+}
+
+// copy_ between neuron tensors. PyTorch's copy_ (copy_impl) sends every copy that involves a device
+// it does not know to _copy_from, and for dense tensors that are not zero tensors its only check
+// before that is is_same: such copies go to copyFrom from here, one dispatch sooner. Any other copy
+// (a CPU side, a zero tensor) is PyTorch's copy_.
+at::Tensor& copyInPlace(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  const bool direct = self.defined() && src.defined() && self.device().type() == kNeuron &&
+                      src.device().type() == kNeuron && self.layout() == c10::kStrided &&
+                      src.layout() == c10::kStrided &&
+                      !self._is_zerotensor() && !src._is_zerotensor() && !self.is_quantized() &&
+                      !src.is_quantized();
+  if (!direct) return at::native::copy_(self, src, non_blocking);
+  if (!self.is_same(src)) copyFrom(src, self, non_blocking);
+  return self;
 }
 
 at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
@@ -243,6 +260,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(setSourceStorageOffset));
   m.impl("set_.source_Tensor", TORCH_FN(setSourceTensor));
   m.impl("set_", TORCH_FN(setEmpty));
+  m.impl("copy_", TORCH_FN(copyInPlace));
   m.impl("_copy_from", TORCH_FN(copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
   m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
