@@ -36,6 +36,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -127,7 +128,8 @@ int64_t nowUs() {
 // ---- a device's state, its segments and statistics, and its history of actions -----------------
 
 // Free blocks by size, each size's in the order they were freed. A size's list keeps its capacity,
-// so freeing and reusing a block allocates nothing.
+// so freeing and reusing a block allocates nothing. Sizes up to kSmallLimit (multiples of kRound)
+// have a list each at their index; larger ones are looked up.
 class BlockCache {
  public:
   void push(Block* b) {
@@ -149,29 +151,25 @@ class BlockCache {
   bool empty() const { return count_ == 0; }
   template <class Fn>
   void forEach(Fn fn) const {
-    for (const auto& [size, blocks] : by_size_)
+    for (const auto& blocks : small_)
+      for (Block* b : blocks) fn(b);
+    for (const auto& [size, blocks] : large_)
       for (Block* b : blocks) fn(b);
   }
   void clear() {
-    by_size_.clear();
+    for (auto& blocks : small_) blocks.clear();
+    large_.clear();
     count_ = 0;
-    last_ = nullptr;
   }
 
  private:
-  // A size's list; the last one asked for is at hand (a map's elements stay where they are).
   std::vector<Block*>& listOf(size_t size) {
-    if (last_ == nullptr || last_size_ != size) {
-      last_ = &by_size_[size];
-      last_size_ = size;
-    }
-    return *last_;
+    return size <= kSmallLimit ? small_[size / kRound - 1] : large_[size];
   }
 
-  std::unordered_map<size_t, std::vector<Block*>> by_size_;
+  std::array<std::vector<Block*>, kSmallLimit / kRound> small_;
+  std::unordered_map<size_t, std::vector<Block*>> large_;
   size_t count_ = 0;
-  std::vector<Block*>* last_ = nullptr;
-  size_t last_size_ = 0;
 };
 
 struct DeviceState {
@@ -206,11 +204,12 @@ inline void update(c10::CachingAllocator::StatArray& a, size_t size, size_t amou
   }
 }
 
+// Every allocated block is active, and nothing else is (no block is split, and one freed while other
+// streams use it is counted free at once): the active statistics are the allocation ones, copied
+// when read (statsOf).
 void countAllocation(DeviceState& d, const Block& b, int sign) {
   update(d.stats.allocation, b.size, 1, sign);
-  update(d.stats.active, b.size, 1, sign);
   update(d.stats.allocated_bytes, b.size, b.size, sign);
-  update(d.stats.active_bytes, b.size, b.size, sign);
   update(d.stats.requested_bytes, b.size, b.requested, sign);
   // torch.profiler(profile_memory=True): the block as a memory event of the device.
   if (c10::memoryProfilingEnabled()) {
@@ -219,6 +218,13 @@ void countAllocation(DeviceState& d, const Block& b, int sign) {
                                      d.stats.allocated_bytes[kAll].current, d.stats.reserved_bytes[kAll].current,
                                      c10::Device(kNeuron, b.device));
   }
+}
+
+DeviceStats statsOf(const DeviceState& d) {
+  DeviceStats stats = d.stats;
+  stats.active = stats.allocation;
+  stats.active_bytes = stats.allocated_bytes;
+  return stats;
 }
 
 void countSegment(DeviceState& d, size_t size, int sign) {
@@ -589,7 +595,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     checkDevice(device);
     auto& d = *devices_[device];
     std::lock_guard<std::mutex> lock(d.mutex);
-    return d.stats;
+    return statsOf(d);
   }
 
   void resetAccumulatedStats(c10::DeviceIndex device) override {
@@ -672,7 +678,7 @@ c10::Allocator* allocatorFor(c10::DeviceIndex device) {
     for (c10::DeviceIndex i = 0; i < deviceCount(); ++i) v.push_back(std::make_unique<BoundAllocator>(i));
     return v;
   }();
-  checkDevice(device);
+  if (device < 0 || static_cast<size_t>(device) >= bound.size()) checkDevice(device);  // raises
   return bound[device].get();
 }
 
