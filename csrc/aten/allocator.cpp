@@ -673,13 +673,14 @@ c10::DataPtr allocateOn(c10::DeviceIndex device, size_t nbytes) {
 }
 
 c10::Allocator* allocatorFor(c10::DeviceIndex device) {
-  static std::vector<std::unique_ptr<BoundAllocator>> bound = [] {
-    std::vector<std::unique_ptr<BoundAllocator>> v;
-    for (c10::DeviceIndex i = 0; i < deviceCount(); ++i) v.push_back(std::make_unique<BoundAllocator>(i));
+  // One per device, made at the first call and never destroyed (storages keep pointers to them).
+  static BoundAllocator* const* const bound = [] {
+    auto** v = new BoundAllocator*[deviceCount()];
+    for (c10::DeviceIndex i = 0; i < deviceCount(); ++i) v[i] = new BoundAllocator(i);
     return v;
   }();
-  if (device < 0 || static_cast<size_t>(device) >= bound.size()) checkDevice(device);  // raises
-  return bound[device].get();
+  if (device < 0 || device >= deviceCount()) checkDevice(device);  // raises
+  return bound[device];
 }
 
 }  // namespace torchneuron

@@ -159,7 +159,7 @@ class Lender {
 template <class Op, class... Args>
 decltype(auto) cpuKernel(c10::DeviceIndex device, Args&&... args) {
   DeviceOutputScope scope(device);
-  return launch(device, {rt::ActivityKind::Kernel, kernelName(Op::name)}, [&]() -> decltype(auto) {
+  return launch(device, {rt::ActivityKind::Kernel, kKernelName<Op>}, [&]() -> decltype(auto) {
     return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), std::forward<Args>(args)...);
   });
 }
@@ -450,7 +450,7 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor(Args...)> {
     (uniform.add(args), ...);
     if (!uniform.ok()) return Fast<Op>::run(args...);
     try {
-      KernelNameScope name(kernelName(Op::name));
+      KernelNameScope name(kKernelName<Op>);
       Functional<Kernel> op;
       op.meta(uniform.pass(args)...);
       op.impl(uniform.pass(args)..., op.output);
@@ -468,7 +468,7 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor&(at::Tensor&, Rest...)> {
     uniform.add(self);
     (uniform.add(rest), ...);
     if (self.device().type() != kNeuron || !uniform.ok()) return Fast<Op>::run(self, rest...);
-    KernelNameScope name(kernelName(Op::name));
+    KernelNameScope name(kKernelName<Op>);
     InPlace<Kernel> op(self);
     op.meta(self, uniform.pass(rest)...);
     op.impl(self, uniform.pass(rest)..., self);  // (no in-place op of the widening table is listed)
@@ -502,7 +502,7 @@ struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
         (add(args), ...);
         arguments->add(op.output.storage());
       }
-      launch(uniform.device(), {rt::ActivityKind::Kernel, kernelName(Op::name)},
+      launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>},
              [&] { op.impl(args..., op.output); });
       return std::move(op.output);
     } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)

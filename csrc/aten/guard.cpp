@@ -26,7 +26,8 @@ c10::DeviceIndex deviceCount() { return static_cast<c10::DeviceIndex>(rt::device
 
 void checkDevice(c10::DeviceIndex index) {
   const auto count = deviceCount();
-  TORCH_CHECK(index >= 0 && index < count,
+  if (C10_LIKELY(index >= 0 && index < count)) return;
+  TORCH_CHECK(false,
       "Invalid device neuron:", int(index), ": there ", count == 1 ? "is " : "are ", int(count),
       " neuron device", count == 1 ? "" : "s",
       count > 0 ? " (valid indices are 0 to " + std::to_string(count - 1) + ")" : std::string(),
@@ -96,7 +97,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream exchangeStream(c10::Stream s) const override {
     const auto index = s.device_index();
-    checkDevice(index);
+    if (index < 0 || index >= kMaxDevices) checkDevice(index);  // raises; currentStream checks the rest
     const auto old = currentStream(index);
     tls_streams[index] = s.id();
     return old;

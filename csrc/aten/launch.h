@@ -22,11 +22,14 @@ namespace torchneuron {
 // Raises the error for a launch the runtime refused.
 [[noreturn]] void failLaunch(rt::Status status, c10::DeviceIndex device, const char* name);
 // The name of an op's kernel: the op's name without its namespace ("addmm" for aten::addmm).
-inline const char* kernelName(const char* op_name) {
+constexpr const char* kernelName(const char* op_name) {
   for (const char* c = op_name; *c != '\0'; ++c)
     if (c[0] == ':' && c[1] == ':') return c + 2;
   return op_name;
 }
+// The same for an op of ATen's generated at::_ops, found when compiling.
+template <class Op>
+inline constexpr const char* kKernelName = kernelName(Op::name);
 inline const char* kernelName(const std::string& op_name) { return kernelName(op_name.c_str()); }
 // The device memory of a kernel's arguments, which strict mode opens for its launch alone
 // (rt::LaunchInfo::ranges). While a KernelArguments lives on a thread, each host view made there
