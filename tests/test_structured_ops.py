@@ -271,3 +271,83 @@ def test_copies_between_neuron_tensors_equal_the_cpus():
     ]
     for fn, args in cases:
         _same_outcome(fn, args, tuple(a.to(DEV) for a in args))
+
+
+# CPU functions run whole on device memory inside their launch (LaunchedNative), and the softmaxes
+# (LaunchedStructured): forward and backward against the CPU, bit for bit.
+def _with_grads(fn, inputs, dev):
+    """fn's output and the gradients of its floating-point inputs, for one fixed output gradient."""
+    leaves = [t.detach().to(dev, copy=True).requires_grad_(t.is_floating_point()) for t in inputs]
+    out = fn(*leaves)
+    out = out[0] if isinstance(out, tuple) else out
+    grads = []
+    if out.requires_grad:
+        g = torch.Generator().manual_seed(3)
+        go = torch.randn(out.shape, generator=g).to(out.dtype).to(dev)
+        grads = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], go)
+    return [out.detach().cpu()] + [t.cpu() for t in grads]
+
+
+NATIVE = {
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), lambda d: [(7, 3, 12), (12,), (12,)]),
+    "layer_norm_without_affine": (lambda x: F.layer_norm(x, (3, 12)), lambda d: [(7, 3, 12)]),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda d: [(5, 9)]),
+    "softmax_dim0": (lambda x: torch.softmax(x, 0), lambda d: [(5, 9)]),
+    "log_softmax": (lambda x: torch.log_softmax(x, 1), lambda d: [(2, 5, 9)]),
+    "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), lambda d: [(2, 3, 8, 16)] * 3),
+    "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), lambda d: [(2, 3, 8, 16)] * 3),
+    "cross_entropy": (lambda x: F.cross_entropy(x, torch.arange(6, device=x.device) % 5), lambda d: [(6, 5)]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(NATIVE))
+def test_launched_cpu_functions_equal_the_cpus(name, dtype):
+    fn, shapes = NATIVE[name]
+    g = torch.Generator().manual_seed(4)
+    inputs = [(torch.randn(*s, generator=g) * 2).to(dtype) for s in shapes(dtype)]
+    try:
+        expected = _with_grads(fn, inputs, "cpu")
+    except RuntimeError as e:
+        with pytest.raises(type(e)):
+            _with_grads(fn, inputs, DEV)
+        return
+    got = _with_grads(fn, inputs, DEV)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        assert a.stride() == b.stride()
+
+
+def test_layer_norm_of_mixed_dtypes_and_a_strided_input():
+    """A bfloat16 input with float32 weights (the CPU function handles the mix itself), and an input
+    that is not contiguous (made contiguous inside the launch)."""
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(4, 6, 10, generator=g), torch.randn(10, generator=g), torch.randn(10, generator=g)
+    fn = lambda x, w, b: F.layer_norm(x, (10,), w, b)  # noqa: E731
+    for inputs in [(x.bfloat16(), w, b), (x.transpose(0, 1), w, b)]:
+        for a, e in zip(_with_grads(fn, inputs, DEV), _with_grads(fn, inputs, "cpu")):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_embeddings_and_index_select_equal_the_cpus():
+    g = torch.Generator().manual_seed(6)
+    weight = torch.randn(11, 7, generator=g)
+    for idx in [torch.tensor([[1, 3, 3, 10], [0, 0, 2, 5]]), torch.tensor([4, 4, 4], dtype=torch.int32)]:
+        for kwargs in [{}, {"padding_idx": 3}, {"scale_grad_by_freq": True}]:
+            fn = lambda w, i=idx, kw=kwargs: F.embedding(i.to(w.device), w, **kw)  # noqa: E731
+            for a, e in zip(_with_grads(fn, [weight], DEV), _with_grads(fn, [weight], "cpu")):
+                torch.testing.assert_close(a, e, rtol=0, atol=0)
+    for dim, idx in [(0, torch.tensor([10, 0, 3])), (1, torch.tensor([6, 6])), (1, torch.tensor([], dtype=torch.long))]:
+        _same_outcome(lambda w, i: torch.index_select(w, dim, i), (weight, idx), (weight.to(DEV), idx.to(DEV)))
+    _same_outcome(lambda w, i: torch.index_select(w, 0, i), (weight, torch.tensor([11])),  # out of range
+                  (weight.to(DEV), torch.tensor([11]).to(DEV)))
+
+
+@pytest.mark.parametrize("name", ["layer_norm", "softmax", "sdpa"])
+def test_a_launched_cpu_function_is_one_launch(name):
+    fn, shapes = NATIVE[name]
+    g = torch.Generator().manual_seed(7)
+    inputs = [torch.randn(*s, generator=g).to(DEV) for s in shapes(torch.float32)]
+    fn(*inputs)
+    assert _device_work(lambda: fn(*inputs)) == ["neuronLaunchKernel"]

@@ -17,6 +17,7 @@
 #include <ATen/Operators.h>
 #include <ATen/native/Activation.h>
 #include <ATen/native/BinaryOps.h>
+#include <ATen/native/Copy.h>
 #include <ATen/native/Fill.h>
 #include <ATen/native/Lerp.h>
 #include <ATen/native/PointwiseOps.h>
@@ -65,6 +66,16 @@
 #include <ATen/ops/tanh_native.h>
 #include <ATen/ops/tanh_backward_native.h>
 #include <ATen/ops/threshold_backward_native.h>
+#include <ATen/ops/_softmax_native.h>
+#include <ATen/ops/_log_softmax_native.h>
+#include <ATen/ops/_softmax_backward_data_native.h>
+#include <ATen/ops/_log_softmax_backward_data_native.h>
+#include <ATen/ops/native_layer_norm_native.h>
+#include <ATen/ops/native_layer_norm_backward_native.h>
+#include <ATen/ops/index_select_native.h>
+#include <ATen/ops/embedding_dense_backward_native.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_native.h>
 #include <c10/core/DynamicCast.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -365,8 +376,10 @@ struct InPlace final : Kernel {
 
 // The dtypes a structured op takes on the device: any; floating point only (the op promotes an
 // integer input, which TensorIterator does only on the CPU); or all but bfloat16 and float16 (the
-// CPU's impl takes another path for those: sum's float32 accumulation buffer).
-enum class Takes { AnyDtype, FloatingPoint, FullPrecision };
+// CPU's impl takes another path for those: sum's float32 accumulation buffer). Or tensors of
+// several dtypes, for a CPU function that handles them itself (an index beside the values, layer
+// norm's float32 weight beside a bfloat16 input).
+enum class Takes { AnyDtype, FloatingPoint, FullPrecision, MixedDtypes };
 
 // Whether an op's tensor arguments allow the structured path: defined neuron tensors of one dtype on
 // one device, of a dtype the op `Takes`, and at most one 0-dim CPU tensor (a Python number) that
@@ -390,8 +403,12 @@ class Uniform {
             : takes_ == Takes::FullPrecision ? !c10::isReducedFloatingType(dtype_)
                                              : true;
     } else {
-      ok_ = t.scalar_type() == dtype_ && t.device().index() == device_;
+      ok_ = (takes_ == Takes::MixedDtypes || t.scalar_type() == dtype_) && t.device().index() == device_;
     }
+  }
+  // An optional tensor counts when it holds one.
+  void add(const std::optional<at::Tensor>& t) {
+    if (t.has_value() && t->defined()) add(*t);
   }
   // A result dtype asked for (sum's dtype=).
   void add(const std::optional<c10::ScalarType>& dtype) {
@@ -511,6 +528,49 @@ struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
   }
 };
 
+// CPU functions that are not structured, run on device memory as a whole inside the op's launch, as
+// LaunchedStructured runs an impl: they allocate their results with the input's options (on the
+// device), call their stubs with kCPU, and read and write the tensors' pointers. Only functions
+// whose code has no other dependence on the device are listed; tests/test_structured_ops.py
+// compares each with the CPU bit for bit. Neuron tensors of one device alone, in any dtypes.
+inline c10::IntArrayRef concrete(c10::SymIntArrayRef sizes) { return C10_AS_INTARRAYREF_SLOW(sizes); }
+inline int64_t concrete(const c10::SymInt& size) { return size.expect_int(); }
+template <class T>
+const T& concrete(const T& value) { return value; }
+
+// Strict mode: the memory of an op's neuron tensors, for its launch.
+inline void addMemory(KernelArguments& arguments, const at::Tensor& t) {
+  if (t.defined() && t.device().type() == kNeuron) arguments.add(t.storage());
+}
+inline void addMemory(KernelArguments& arguments, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) addMemory(arguments, *t);
+}
+template <class T>
+void addMemory(KernelArguments&, const T&) {}
+
+template <class Op, auto Fn, class Schema = typename Op::schema>
+struct LaunchedNative;
+template <class Op, auto Fn, class R, class... Args>
+struct LaunchedNative<Op, Fn, R(Args...)> {
+  static R call(Args... args) {
+    if (recordingOps()) return Fast<Op>::call(args...);  // fused eager records it
+    Uniform uniform(Takes::MixedDtypes);
+    (uniform.add(args), ...);
+    if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::call(args...);
+    try {
+      std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
+      if (rt::strictMode()) {
+        arguments.emplace();
+        (addMemory(*arguments, args), ...);
+      }
+      return launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>},
+                    [&]() -> R { return Fn(concrete(args)...); });
+    } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
+    }
+    return Fast<Op>::call(args...);  // which widens the dtype, or raises the CPU's error again
+  }
+};
+
 // relu is clamp_min(self, 0) on the CPU (its kernel calls at::clamp_min), here without the second
 // dispatch.
 at::Tensor relu(const at::Tensor& self) {
@@ -605,6 +665,10 @@ std::string qualifiedName(const char* name, const char* overload) {
 #define NEURON_LAUNCHED(op, kernel) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
          TORCH_FN((LaunchedStructured<at::_ops::op, at::native::kernel>::call)));
+// A CPU function that is not structured, run whole inside its launch: LaunchedNative.
+#define NEURON_LAUNCHED_NATIVE(op, fn) \
+  m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
+         TORCH_FN((LaunchedNative<at::_ops::op, &at::native::fn>::call)));
 // One written out here (relu, sum): `fn`.
 #define NEURON_STRUCTURED_FN(op, fn) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), TORCH_FN(fn));
@@ -614,6 +678,7 @@ std::string qualifiedName(const char* name, const char* overload) {
 #define NEURON_STRUCTURED(op, kernel, takes) NEURON_FAST(op)
 #define NEURON_STRUCTURED_FN(op, fn) NEURON_FAST(op)
 #define NEURON_LAUNCHED(op, kernel) NEURON_FAST(op)
+#define NEURON_LAUNCHED_NATIVE(op, fn) NEURON_FAST(op)
 #define NEURON_STUB(stub, name)
 #endif
 
@@ -645,6 +710,10 @@ void registerFastOps() {
   NEURON_STUB(leaky_relu_stub, "leaky_relu") NEURON_STUB(elu_stub, "elu") NEURON_STUB(softplus_stub, "softplus")
   NEURON_STUB(max_values_stub, "amax") NEURON_STUB(min_values_stub, "amin")
   NEURON_STUB(sum_stub, "sum") NEURON_STUB(fill_stub, "fill")  // fill_ and zero_ (fill.cpp)
+  // The copies of CPU functions run on device memory (index_select of a strided tensor copies its
+  // slices with copy_stub of the iterator's device); PyTorch's copy_ never reaches it for neuron
+  // (copy_impl sends those copies to _copy_from).
+  NEURON_STUB(copy_stub, "copy")
   library = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& m = *library;
   // elementwise arithmetic
@@ -692,15 +761,18 @@ void registerFastOps() {
   NEURON_STRUCTURED(sum_dim_IntList, structured_sum_out, FullPrecision) NEURON_STRUCTURED_FN(sum, sum)
   NEURON_FAST(mean_dim)  // (the CPU's impl is sum, then div_: another path than the stub's)
   NEURON_STRUCTURED(amax, structured_amax_out, AnyDtype) NEURON_STRUCTURED(amin, structured_amin_out, AnyDtype)
-  NEURON_FAST(_softmax) NEURON_FAST(_log_softmax)
-  NEURON_FAST(_softmax_backward_data) NEURON_FAST(_log_softmax_backward_data)
-  NEURON_FAST(native_layer_norm) NEURON_FAST(native_layer_norm_backward)
+  NEURON_LAUNCHED(_softmax, structured_softmax_cpu_out) NEURON_LAUNCHED(_log_softmax, structured_log_softmax_cpu_out)
+  NEURON_LAUNCHED(_softmax_backward_data, structured_softmax_backward_cpu_out)
+  NEURON_LAUNCHED(_log_softmax_backward_data, structured_log_softmax_backward_cpu_out)
+  NEURON_LAUNCHED_NATIVE(native_layer_norm, layer_norm_cpu)
+  NEURON_LAUNCHED_NATIVE(native_layer_norm_backward, layer_norm_backward_cpu)
   // indexing and embeddings
-  NEURON_FAST(index_select) NEURON_FAST(gather)
-  NEURON_FAST(embedding_dense_backward) NEURON_FAST(cat)
+  NEURON_LAUNCHED_NATIVE(index_select, index_select_cpu_) NEURON_FAST(gather)
+  NEURON_LAUNCHED_NATIVE(embedding_dense_backward, embedding_dense_backward_cpu) NEURON_FAST(cat)
   // attention (scaled_dot_product_attention's CPU kernels) and losses
-  NEURON_FAST(_scaled_dot_product_flash_attention_for_cpu)
-  NEURON_FAST(_scaled_dot_product_flash_attention_for_cpu_backward)
+  NEURON_LAUNCHED_NATIVE(_scaled_dot_product_flash_attention_for_cpu, _scaled_dot_product_flash_attention_cpu)
+  NEURON_LAUNCHED_NATIVE(_scaled_dot_product_flash_attention_for_cpu_backward,
+                         _scaled_dot_product_flash_attention_cpu_backward)
   NEURON_FAST(nll_loss_forward) NEURON_FAST(nll_loss_backward)
   // masks and scans
   NEURON_FAST(isneginf) NEURON_FAST(all) NEURON_FAST(all_dim) NEURON_FAST(cumsum)
