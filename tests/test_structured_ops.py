@@ -351,3 +351,29 @@ def test_a_launched_cpu_function_is_one_launch(name):
     inputs = [torch.randn(*s, generator=g).to(DEV) for s in shapes(torch.float32)]
     fn(*inputs)
     assert _device_work(lambda: fn(*inputs)) == ["neuronLaunchKernel"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64], ids=str)
+def test_cat_equals_the_cpus(dtype):
+    """cat runs as a launched structured kernel (its copies through copy_stub's device kernel): small
+    and large results (the CPU's serial kernel and its copies), strided and channels-last inputs,
+    legacy empty tensors, conjugate views; several dtypes promote on the host-view path."""
+    g = torch.Generator().manual_seed(8)
+    make = lambda *s: (torch.randn(*s, generator=g, dtype=torch.complex64) if dtype.is_complex  # noqa: E731
+                       else torch.randn(*s, generator=g) * 3).to(dtype)
+    a, b, big = make(4, 6), make(3, 6), make(300, 200)
+    cases = [
+        ((a, b), 0), ((a, a.t().contiguous().t()), 1), ((a[:, ::2], b[:, ::2]), 0), ((big, big), 0), ((big, big), 1),
+        ((a, torch.empty(0, dtype=dtype), b), 0), ((a.conj() if dtype.is_complex else a, b), 0),
+        ((make(2, 3, 4, 5).to(memory_format=torch.channels_last), make(2, 3, 4, 5).to(memory_format=torch.channels_last)), 1),
+        ((a, b.to(torch.complex128 if dtype.is_complex else torch.float64)), 0),  # promotes
+        ((a, make(4, 5)), 0),  # sizes that do not match: refused
+    ]
+    for tensors, dim in cases:
+        _same_outcome(lambda *ts: torch.cat(ts, dim), tensors, tuple(t.to(DEV) for t in tensors))
+
+
+def test_cat_is_one_launch():
+    a = torch.randn(4, 6, device=DEV)
+    torch.cat([a, a])
+    assert _device_work(lambda: torch.cat([a, a, a], 1)) == ["neuronLaunchKernel"]

@@ -31,6 +31,7 @@
 #include <ATen/ops/addmm_native.h>
 #include <ATen/ops/amax_native.h>
 #include <ATen/ops/amin_native.h>
+#include <ATen/ops/cat_native.h>
 #include <ATen/ops/clamp_min_native.h>
 #include <ATen/ops/cos_native.h>
 #include <ATen/ops/div_native.h>
@@ -571,6 +572,30 @@ struct LaunchedNative<Op, Fn, R(Args...)> {
   }
 };
 
+// cat: a launched structured kernel whose meta returns what its impl takes besides the tensors (the
+// dimension, the first tensor not skipped, whether the tensors share a layout and a dtype). Its
+// copies go through copy_stub with the iterator's device (DeviceStub, inline inside the launch).
+at::Tensor catOnDevice(const at::ITensorListRef& tensors, int64_t dim) {
+  using Op = at::_ops::cat;
+  if (recordingOps()) return Fast<Op>::call(tensors, dim);  // fused eager records it
+  Uniform uniform(Takes::AnyDtype);
+  for (const at::Tensor& t : tensors) uniform.add(t);
+  if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::run(tensors, dim);
+  Functional<at::native::structured_cat_out_cpu> op;
+  const auto pre = op.meta(tensors, dim);
+  std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
+  if (rt::strictMode()) {
+    arguments.emplace();
+    for (const at::Tensor& t : tensors) addMemory(*arguments, t);
+    addMemory(*arguments, op.output);
+  }
+  launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>}, [&] {
+    op.impl(tensors, pre.dim, pre.valid, pre.all_contiguous, pre.all_same_dtype, pre.all_same_sizes_and_stride,
+            pre.memory_format, op.output);
+  });
+  return std::move(op.output);
+}
+
 // relu is clamp_min(self, 0) on the CPU (its kernel calls at::clamp_min), here without the second
 // dispatch.
 at::Tensor relu(const at::Tensor& self) {
@@ -768,7 +793,7 @@ void registerFastOps() {
   NEURON_LAUNCHED_NATIVE(native_layer_norm_backward, layer_norm_backward_cpu)
   // indexing and embeddings
   NEURON_LAUNCHED_NATIVE(index_select, index_select_cpu_) NEURON_FAST(gather)
-  NEURON_LAUNCHED_NATIVE(embedding_dense_backward, embedding_dense_backward_cpu) NEURON_FAST(cat)
+  NEURON_LAUNCHED_NATIVE(embedding_dense_backward, embedding_dense_backward_cpu) NEURON_STRUCTURED_FN(cat, catOnDevice)
   // attention (scaled_dot_product_attention's CPU kernels) and losses
   NEURON_LAUNCHED_NATIVE(_scaled_dot_product_flash_attention_for_cpu, _scaled_dot_product_flash_attention_cpu)
   NEURON_LAUNCHED_NATIVE(_scaled_dot_product_flash_attention_for_cpu_backward,
