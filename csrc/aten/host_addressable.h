@@ -7,7 +7,9 @@
 // host views (fallback.cpp, fast_ops.cpp, kernels.cpp, the sparse, nested and quantized paths, which
 // assemble their CPU tensors from the host views made here), or over the device tensors themselves
 // (fast_ops.cpp's structured kernels: their DispatchStubs' PrivateUse1 kernels launch the CPU's, the
-// same assumption made by the stub instead of a host view), and which a port replaces with the
+// same assumption made by the stub instead of a host view; and its launched CPU functions, matrix
+// products, normalizations, softmaxes, attention, embeddings and cat, which read the device tensors'
+// pointers inside their launch), and which a port replaces with the
 // device's own kernels. Nothing above aten changes (docs/runtime.md, "What a port replaces").
 // Further host code that reads device memory inside a launch, and so goes with the kernel library:
 // the C++ kernels torch.compile generates (torchneuron/compile/inductor.py), NKI's host harness, and
