@@ -494,11 +494,44 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor&(at::Tensor&, Rest...)> {
   }
 };
 
-// Matrix products: their CPU impls (addmm_impl_cpu_) call BLAS on the tensors' pointers themselves,
-// not through a stub, so the impl runs inside the op's launch. What it dispatches there (addmm's
-// copy of its input into the result, the clone of an operand of unusual strides, a zero_) runs as
-// nested work of that launch, as it would inside the CPU's kernel. Only the functional variants,
-// of neuron tensors alone (no CPU scalar) of one dtype.
+// CPU functions that call their kernels themselves run on device memory as a whole, inside the op's
+// launch: matrix products (addmm_impl_cpu_ calls BLAS on the tensors' pointers), the softmaxes and
+// cat (their impls call their stubs with kCPU, or copy_stub with the iterator's device, which runs
+// inline there), layer norm, SDPA's CPU kernels, index_select and embedding's backward. Structured
+// ones (LaunchedStructured, catOnDevice) get their result allocated on the device by their meta; the
+// others (LaunchedNative) allocate theirs with the input's options, which are the device's. What such
+// a function dispatches inside (addmm's copy of its input, the clone of an operand of unusual strides,
+// a zero_) runs as nested work of that launch, as it would inside the CPU's kernel. Only functions
+// whose code has no other dependence on the device are listed (gelu takes oneDNN only for a CPU
+// tensor, mean sums then divides only on the CPU: those stay on host views); each is compared with
+// the CPU bit for bit in tests/test_structured_ops.py. They take neuron tensors of one device and no
+// CPU tensor, and only their functional variants are listed.
+
+// Strict mode: the memory of an op's neuron tensors, for its launch.
+inline void addMemory(KernelArguments& arguments, const at::Tensor& t) {
+  if (t.defined() && t.device().type() == kNeuron) arguments.add(t.storage());
+}
+inline void addMemory(KernelArguments& arguments, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) addMemory(arguments, *t);
+}
+inline void addMemory(KernelArguments& arguments, const at::ITensorListRef& list) {
+  for (const at::Tensor& t : list) addMemory(arguments, t);
+}
+template <class T>
+void addMemory(KernelArguments&, const T&) {}
+
+// Runs `body` as Op's kernel on `device`; strict mode opens the memory of `tensors` for it (the op's
+// arguments and results: what it allocates inside joins the launch by itself).
+template <class Op, class F, class... T>
+decltype(auto) launchWhole(c10::DeviceIndex device, F&& body, const T&... tensors) {
+  std::optional<KernelArguments> arguments;
+  if (rt::strictMode()) {
+    arguments.emplace();
+    (addMemory(*arguments, tensors), ...);
+  }
+  return launch(device, {rt::ActivityKind::Kernel, kKernelName<Op>}, std::forward<F>(body));
+}
+
 template <class Op, class Kernel, class Schema = typename Op::schema>
 struct LaunchedStructured;
 template <class Op, class Kernel, class... Args>
@@ -511,17 +544,7 @@ struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
     try {
       Functional<Kernel> op;
       op.meta(args...);
-      std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
-      if (rt::strictMode()) {
-        arguments.emplace();
-        auto add = [&](const auto& a) {
-          if constexpr (std::is_same_v<std::decay_t<decltype(a)>, at::Tensor>) arguments->add(a.storage());
-        };
-        (add(args), ...);
-        arguments->add(op.output.storage());
-      }
-      launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>},
-             [&] { op.impl(args..., op.output); });
+      launchWhole<Op>(uniform.device(), [&] { op.impl(args..., op.output); }, args..., op.output);
       return std::move(op.output);
     } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
     }
@@ -529,26 +552,31 @@ struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
   }
 };
 
-// CPU functions that are not structured, run on device memory as a whole inside the op's launch, as
-// LaunchedStructured runs an impl: they allocate their results with the input's options (on the
-// device), call their stubs with kCPU, and read and write the tensors' pointers. Only functions
-// whose code has no other dependence on the device are listed; tests/test_structured_ops.py
-// compares each with the CPU bit for bit. Neuron tensors of one device alone, in any dtypes.
+// cat's meta returns what its impl takes besides the tensors (the dimension, the first tensor not
+// skipped, whether the tensors share a layout and a dtype).
+at::Tensor catOnDevice(const at::ITensorListRef& tensors, int64_t dim) {
+  using Op = at::_ops::cat;
+  if (recordingOps()) return Fast<Op>::call(tensors, dim);  // fused eager records it
+  Uniform uniform(Takes::AnyDtype);
+  for (const at::Tensor& t : tensors) uniform.add(t);
+  if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::run(tensors, dim);
+  Functional<at::native::structured_cat_out_cpu> op;
+  const auto pre = op.meta(tensors, dim);
+  launchWhole<Op>(uniform.device(), [&] {
+    op.impl(tensors, pre.dim, pre.valid, pre.all_contiguous, pre.all_same_dtype, pre.all_same_sizes_and_stride,
+            pre.memory_format, op.output);
+  }, tensors, op.output);
+  return std::move(op.output);
+}
+
+// The CPU function's arguments from the op's (symbolic sizes are concrete on this device).
 inline c10::IntArrayRef concrete(c10::SymIntArrayRef sizes) { return C10_AS_INTARRAYREF_SLOW(sizes); }
 inline int64_t concrete(const c10::SymInt& size) { return size.expect_int(); }
 template <class T>
 const T& concrete(const T& value) { return value; }
 
-// Strict mode: the memory of an op's neuron tensors, for its launch.
-inline void addMemory(KernelArguments& arguments, const at::Tensor& t) {
-  if (t.defined() && t.device().type() == kNeuron) arguments.add(t.storage());
-}
-inline void addMemory(KernelArguments& arguments, const std::optional<at::Tensor>& t) {
-  if (t.has_value()) addMemory(arguments, *t);
-}
-template <class T>
-void addMemory(KernelArguments&, const T&) {}
-
+// Fn: the CPU function, in any dtypes (it handles a mix itself: an index beside the values, layer
+// norm's float32 weight beside a bfloat16 input).
 template <class Op, auto Fn, class Schema = typename Op::schema>
 struct LaunchedNative;
 template <class Op, auto Fn, class R, class... Args>
@@ -559,42 +587,12 @@ struct LaunchedNative<Op, Fn, R(Args...)> {
     (uniform.add(args), ...);
     if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::call(args...);
     try {
-      std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
-      if (rt::strictMode()) {
-        arguments.emplace();
-        (addMemory(*arguments, args), ...);
-      }
-      return launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>},
-                    [&]() -> R { return Fn(concrete(args)...); });
+      return launchWhole<Op>(uniform.device(), [&]() -> R { return Fn(concrete(args)...); }, args...);
     } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
     }
     return Fast<Op>::call(args...);  // which widens the dtype, or raises the CPU's error again
   }
 };
-
-// cat: a launched structured kernel whose meta returns what its impl takes besides the tensors (the
-// dimension, the first tensor not skipped, whether the tensors share a layout and a dtype). Its
-// copies go through copy_stub with the iterator's device (DeviceStub, inline inside the launch).
-at::Tensor catOnDevice(const at::ITensorListRef& tensors, int64_t dim) {
-  using Op = at::_ops::cat;
-  if (recordingOps()) return Fast<Op>::call(tensors, dim);  // fused eager records it
-  Uniform uniform(Takes::AnyDtype);
-  for (const at::Tensor& t : tensors) uniform.add(t);
-  if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::run(tensors, dim);
-  Functional<at::native::structured_cat_out_cpu> op;
-  const auto pre = op.meta(tensors, dim);
-  std::optional<KernelArguments> arguments;  // strict mode: the memory of the op's tensors
-  if (rt::strictMode()) {
-    arguments.emplace();
-    for (const at::Tensor& t : tensors) addMemory(*arguments, t);
-    addMemory(*arguments, op.output);
-  }
-  launch(uniform.device(), {rt::ActivityKind::Kernel, kKernelName<Op>}, [&] {
-    op.impl(tensors, pre.dim, pre.valid, pre.all_contiguous, pre.all_same_dtype, pre.all_same_sizes_and_stride,
-            pre.memory_format, op.output);
-  });
-  return std::move(op.output);
-}
 
 // relu is clamp_min(self, 0) on the CPU (its kernel calls at::clamp_min), here without the second
 // dispatch.
@@ -686,7 +684,7 @@ std::string qualifiedName(const char* name, const char* overload) {
 #define NEURON_STRUCTURED(op, kernel, takes) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
          TORCH_FN((Structured<at::_ops::op, at::native::kernel, Takes::takes>::call)));
-// One whose impl runs inside its launch (matrix products): LaunchedStructured.
+// One whose impl runs inside its launch (matrix products, softmaxes): LaunchedStructured.
 #define NEURON_LAUNCHED(op, kernel) \
   m.impl(qualifiedName(at::_ops::op::name, at::_ops::op::overload_name).c_str(), \
          TORCH_FN((LaunchedStructured<at::_ops::op, at::native::kernel>::call)));
