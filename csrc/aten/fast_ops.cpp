@@ -507,31 +507,6 @@ struct Structured<Op, Kernel, Dtypes, at::Tensor&(at::Tensor&, Rest...)> {
 // the CPU bit for bit in tests/test_structured_ops.py. They take neuron tensors of one device and no
 // CPU tensor, and only their functional variants are listed.
 
-// Strict mode: the memory of an op's neuron tensors, for its launch.
-inline void addMemory(KernelArguments& arguments, const at::Tensor& t) {
-  if (t.defined() && t.device().type() == kNeuron) arguments.add(t.storage());
-}
-inline void addMemory(KernelArguments& arguments, const std::optional<at::Tensor>& t) {
-  if (t.has_value()) addMemory(arguments, *t);
-}
-inline void addMemory(KernelArguments& arguments, const at::ITensorListRef& list) {
-  for (const at::Tensor& t : list) addMemory(arguments, t);
-}
-template <class T>
-void addMemory(KernelArguments&, const T&) {}
-
-// Runs `body` as Op's kernel on `device`; strict mode opens the memory of `tensors` for it (the op's
-// arguments and results: what it allocates inside joins the launch by itself).
-template <class Op, class F, class... T>
-decltype(auto) launchWhole(c10::DeviceIndex device, F&& body, const T&... tensors) {
-  std::optional<KernelArguments> arguments;
-  if (rt::strictMode()) {
-    arguments.emplace();
-    (addMemory(*arguments, tensors), ...);
-  }
-  return launch(device, {rt::ActivityKind::Kernel, kKernelName<Op>}, std::forward<F>(body));
-}
-
 template <class Op, class Kernel, class Schema = typename Op::schema>
 struct LaunchedStructured;
 template <class Op, class Kernel, class... Args>
@@ -544,7 +519,7 @@ struct LaunchedStructured<Op, Kernel, at::Tensor(Args...)> {
     try {
       Functional<Kernel> op;
       op.meta(args...);
-      launchWhole<Op>(uniform.device(), [&] { op.impl(args..., op.output); }, args..., op.output);
+      launchWith(uniform.device(), kKernelName<Op>, [&] { op.impl(args..., op.output); }, args..., op.output);
       return std::move(op.output);
     } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
     }
@@ -562,7 +537,7 @@ at::Tensor catOnDevice(const at::ITensorListRef& tensors, int64_t dim) {
   if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::run(tensors, dim);
   Functional<at::native::structured_cat_out_cpu> op;
   const auto pre = op.meta(tensors, dim);
-  launchWhole<Op>(uniform.device(), [&] {
+  launchWith(uniform.device(), kKernelName<Op>, [&] {
     op.impl(tensors, pre.dim, pre.valid, pre.all_contiguous, pre.all_same_dtype, pre.all_same_sizes_and_stride,
             pre.memory_format, op.output);
   }, tensors, op.output);
@@ -587,7 +562,7 @@ struct LaunchedNative<Op, Fn, R(Args...)> {
     (uniform.add(args), ...);
     if (!uniform.ok() || uniform.hasScalar()) return Fast<Op>::call(args...);
     try {
-      return launchWhole<Op>(uniform.device(), [&]() -> R { return Fn(concrete(args)...); }, args...);
+      return launchWith(uniform.device(), kKernelName<Op>, [&]() -> R { return Fn(concrete(args)...); }, args...);
     } catch (const c10::NotImplementedError&) {  // the CPU kernel lacks the dtype (raised before writing)
     }
     return Fast<Op>::call(args...);  // which widens the dtype, or raises the CPU's error again

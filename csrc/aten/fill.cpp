@@ -97,9 +97,7 @@ at::Tensor& fillAs(at::Tensor& self, const c10::Scalar& value, const char* name)
       fillOne(self, value);
       return self;
     }
-    KernelArguments arguments;  // strict mode: self's memory
-    arguments.add(self.storage());
-    launch(self.device().index(), {rt::ActivityKind::Kernel, name}, [&] { fillOne(self, value); });
+    launchWith(self.device().index(), name, [&] { fillOne(self, value); }, self);  // strict mode: self's memory
     return self;
   }
   KernelNameScope scope(name);

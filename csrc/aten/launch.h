@@ -1,11 +1,13 @@
 // Launching work on a device (launch.cpp): launch() runs a kernel's host code as work of the current
 // stream and waits for it, enqueue() queues it; both hand fused eager's held work over first and give
-// strict mode the kernel's own memory (KernelArguments). `Launched` registers a kernel in one line.
+// strict mode the kernel's own memory (KernelArguments; launchWith() gathers it from the kernel's tensors).
+// `Launched` registers a kernel in one line.
 #pragma once
 
 #include "device.h"
 #include "held_work.h"
 
+#include <ATen/core/IListRef.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/Storage.h>
@@ -101,6 +103,33 @@ decltype(auto) launch(c10::DeviceIndex device, const rt::LaunchInfo& info, F&& b
     launch(device, info, [&] { result.emplace(body()); });
     return R(std::move(*result));
   }
+}
+
+// Strict mode: the memory of a kernel's neuron tensors (a tensor, an optional one, a list of them;
+// any other argument adds nothing).
+inline void addMemory(KernelArguments& arguments, const at::Tensor& t) {
+  if (t.defined() && t.device().type() == kNeuron) arguments.add(t.storage());
+}
+inline void addMemory(KernelArguments& arguments, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) addMemory(arguments, *t);
+}
+inline void addMemory(KernelArguments& arguments, const at::ITensorListRef& list) {
+  for (const at::Tensor& t : list) addMemory(arguments, t);
+}
+template <class T>
+void addMemory(KernelArguments&, const T&) {}
+
+// launch() of `body` as the kernel `name`; strict mode opens the memory of `tensors` for it (the
+// kernel's arguments and results: what it allocates inside joins the launch by itself). Outside
+// strict mode no KernelArguments is made.
+template <class F, class... T>
+decltype(auto) launchWith(c10::DeviceIndex device, const char* name, F&& body, const T&... tensors) {
+  std::optional<KernelArguments> arguments;
+  if (rt::strictMode()) {
+    arguments.emplace();
+    (addMemory(*arguments, tensors), ...);
+  }
+  return launch(device, {rt::ActivityKind::Kernel, name}, std::forward<F>(body));
 }
 
 // Checks a status of the runtime's waiting calls (synchronize, an event's synchronize): raises for
